@@ -1,0 +1,104 @@
+"""Where this process sits in the job: read once from the launcher's environment.
+
+Every part of hvdtrain that needs rank, node list or job id asks `ClusterEnv.from_environ()`:
+SLURM (`srun`), OpenMPI (`mpirun`), Horovod's launcher (`horovodrun`) and torchrun are known.
+
+    python -c "from hvdtrain.cluster import ClusterEnv; print(ClusterEnv.from_environ())"
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """`node[01-03],gpu7` -> ['node01', 'node02', 'node03', 'gpu7']."""
+    if not nodelist:
+        return []
+    try:
+        import hostlist  # python-hostlist
+
+        return hostlist.expand_hostlist(nodelist)
+    except ImportError:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                             capture_output=True, text=True).stdout
+        return out.split()
+
+
+def _int(environ, *names: str, default: int | None = None) -> int | None:
+    for name in names:
+        if environ.get(name, "") != "":
+            return int(environ[name])
+    return default
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+    launcher: str            # slurm | openmpi | horovodrun | torchrun | single
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    num_nodes: int
+    hosts: list[str] = field(default_factory=list)
+    job_id: str | None = None
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0] if self.hosts else "127.0.0.1"
+
+    @classmethod
+    def from_environ(cls, environ=None) -> "ClusterEnv":
+        e = os.environ if environ is None else environ
+        job_id = e.get("SLURM_JOB_ID")
+        # Under srun the SLURM_* task variables are per task; under mpirun inside an
+        # allocation only the job-level ones exist, so check the launcher's own first.
+        if "OMPI_COMM_WORLD_RANK" in e:
+            world = int(e["OMPI_COMM_WORLD_SIZE"])
+            local_world = _int(e, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
+            return cls("openmpi", int(e["OMPI_COMM_WORLD_RANK"]),
+                       _int(e, "OMPI_COMM_WORLD_LOCAL_RANK", default=0), world, local_world,
+                       max(1, world // max(1, local_world)), _slurm_hosts(e), job_id)
+        if "HOROVOD_RANK" in e:
+            return cls("horovodrun", int(e["HOROVOD_RANK"]), _int(e, "HOROVOD_LOCAL_RANK", default=0),
+                       int(e["HOROVOD_SIZE"]), _int(e, "HOROVOD_LOCAL_SIZE", default=1),
+                       _int(e, "HOROVOD_CROSS_SIZE", default=1), _slurm_hosts(e), job_id)
+        if "SLURM_PROCID" in e and "SLURM_STEP_ID" in e:
+            world = _int(e, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default=1)
+            nodes = _int(e, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", default=1)
+            local_world = _local_tasks(e.get("SLURM_STEP_TASKS_PER_NODE")
+                                       or e.get("SLURM_TASKS_PER_NODE", ""),
+                                       e.get("SLURM_NODEID", "0"), world // max(1, nodes))
+            return cls("slurm", int(e["SLURM_PROCID"]), _int(e, "SLURM_LOCALID", default=0),
+                       world, local_world, nodes,
+                       expand_hostlist(e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST", "")),
+                       job_id)
+        if "RANK" in e and "WORLD_SIZE" in e:
+            world = int(e["WORLD_SIZE"])
+            return cls("torchrun", int(e["RANK"]), _int(e, "LOCAL_RANK", default=0), world,
+                       _int(e, "LOCAL_WORLD_SIZE", default=world), max(1, _int(e, "GROUP_WORLD_SIZE", default=1)),
+                       [e.get("MASTER_ADDR", "127.0.0.1")], job_id)
+        return cls("single", 0, 0, 1, 1, 1, [socket.gethostname()], job_id)
+
+
+def _slurm_hosts(e) -> list[str]:
+    return expand_hostlist(e.get("SLURM_JOB_NODELIST", "")) if "SLURM_JOB_NODELIST" in e else []
+
+
+def _local_tasks(tasks_per_node: str, node_id: str, default: int) -> int:
+    """SLURM_TASKS_PER_NODE is like '4(x2),3': the count for node `node_id`."""
+    counts: list[int] = []
+    for part in filter(None, tasks_per_node.split(",")):
+        if "(x" in part:
+            n, rep = part.rstrip(")").split("(x")
+            counts += [int(n)] * int(rep)
+        else:
+            counts.append(int(part))
+    idx = int(node_id or 0)
+    return counts[idx] if idx < len(counts) else max(1, default)

@@ -1,0 +1,160 @@
+"""The training configuration: one frozen dataclass, built in one place from the command line.
+
+Both trainers (`python -m hvdtrain.torch`, `python -m hvdtrain.tf`) share this CLI. Derived values
+(global batch, scaled learning rate) are properties, so they can never disagree with the fields.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from hvdtrain.errors import UsageError
+
+DATASETS = ("synthetic", "imagefolder", "digits")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCHEDULES = ("cosine", "step", "constant")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    framework: str = "torch"
+    model: str = "resnet50"
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    epochs: int = 1
+    steps: int | None = None
+    batch_size: int = 32                 # per rank, per backward pass
+    image_size: int = 224
+    synthetic_size: int = 1024           # synthetic training samples (validation: a quarter)
+    base_lr: float = 0.0125              # for one rank; scaled by world size x batches per allreduce
+    warmup_epochs: float = 0.0
+    lr_schedule: str = "cosine"
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    fp16_allreduce: bool = False
+    batches_per_allreduce: int = 1
+    use_adasum: bool = False
+    amp: bool = False
+    seed: int = 42
+    num_workers: int = 2
+    threads_per_rank: int | None = None
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    keep_checkpoints: int = 3
+    log_dir: str | None = None
+    log_interval: int = 10
+    result_json: str | None = None
+    warmup_steps: int = 2                # steps excluded from throughput timing
+    loop: str = "custom"                 # TF only: fit | custom
+    backend: str = "horovod"             # torch: horovod | ddp; tf: horovod | mwms
+    world_size: int = 1                  # filled in by the trainer once the launcher is known
+
+    def __post_init__(self):
+        problems = []
+        if self.batch_size < 1:
+            problems.append(f"--batch-size must be >= 1 (got {self.batch_size})")
+        if self.epochs < 1:
+            problems.append(f"--epochs must be >= 1 (got {self.epochs})")
+        if self.steps is not None and self.steps < 1:
+            problems.append(f"--steps must be >= 1 (got {self.steps})")
+        if self.batches_per_allreduce < 1:
+            problems.append(f"--batches-per-allreduce must be >= 1 (got {self.batches_per_allreduce})")
+        if self.image_size < 8:
+            problems.append(f"--image-size must be >= 8 (got {self.image_size})")
+        if self.dataset not in DATASETS:
+            problems.append(f"unknown dataset '{self.dataset}'; valid: {', '.join(DATASETS)}")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            problems.append(f"unknown LR schedule '{self.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            problems.append(f"--threads-per-rank must be >= 1 (got {self.threads_per_rank})")
+        if self.use_adasum and self.fp16_allreduce and self.framework == "tf":
+            problems.append("--use-adasum with --fp16-allreduce is not supported by Horovod-TF")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+    # Derived values -----------------------------------------------------------------------
+    @property
+    def per_rank_batch_size(self) -> int:
+        return self.batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.batch_size * self.batches_per_allreduce * self.world_size
+
+    @property
+    def lr(self) -> float:
+        """Linear scaling rule (Goyal et al.): LR grows with the samples per optimizer step.
+
+        Adasum adapts the update itself, so its LR scales only with the local accumulation.
+        """
+        factor = self.batches_per_allreduce * (1 if self.use_adasum else self.world_size)
+        return self.base_lr * factor
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(per_rank_batch_size=self.per_rank_batch_size,
+                 global_batch_size=self.global_batch_size, lr=self.lr)
+        return d
+
+    def with_world_size(self, world_size: int) -> "TrainConfig":
+        return dataclasses.replace(self, world_size=world_size)
+
+
+def build_parser(framework: str, models: list[str], prog: str) -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog=prog, description=f"Horovod data-parallel training ({framework}).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="resnet50", help=f"one of: {', '.join(models)}")
+    p.add_argument("--dataset", default=d.dataset, help=f"one of: {', '.join(DATASETS)}")
+    p.add_argument("--data-dir", default=None, help="imagefolder root holding train/ and val/ class folders")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps in all")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per rank per backward pass")
+    p.add_argument("--image-size", type=int, default=d.image_size, help="synthetic/imagefolder image side")
+    p.add_argument("--synthetic-size", type=int, default=d.synthetic_size, help="synthetic training samples")
+    p.add_argument("--base-lr", type=float, default=d.base_lr, help="LR for one rank; x world size x batches per allreduce")
+    p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear LR warm-up from base LR")
+    p.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES)
+    p.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS)
+    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
+    p.add_argument("--batches-per-allreduce", type=int, default=d.batches_per_allreduce,
+                   help="backward passes accumulated locally per allreduce")
+    p.add_argument("--use-adasum", action="store_true", help="Adasum reduction instead of averaging")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads-per-rank", type=int, default=None,
+                   help="CPU compute threads per rank (default: cores of the allocation / ranks per node)")
+    p.add_argument("--checkpoint-dir", default=None, help="write a checkpoint here every epoch (rank 0)")
+    p.add_argument("--resume", action="store_true",
+                   help="resume from the newest checkpoint (also automatic when --checkpoint-dir holds one)")
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    p.add_argument("--log-dir", default=None, help="TensorBoard scalars (rank 0)")
+    p.add_argument("--log-interval", type=int, default=d.log_interval, help="steps between progress reductions")
+    p.add_argument("--result-json", default=None, help="write config, throughput, metrics and checksums here")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
+    if framework == "torch":
+        p.add_argument("--num-workers", type=int, default=d.num_workers, help="DataLoader workers per rank")
+        p.add_argument("--amp", action="store_true", help="mixed precision on GPU (autocast + GradScaler)")
+        p.add_argument("--backend", default="horovod", choices=("horovod", "ddp"),
+                       help="horovod, or torch DDP for comparison")
+    else:
+        p.add_argument("--loop", default=d.loop, choices=("fit", "custom"), help="Keras fit or GradientTape loop")
+        p.add_argument("--backend", default="horovod", choices=("horovod", "mwms"),
+                       help="horovod, or tf.distribute MultiWorkerMirroredStrategy for comparison")
+    return p
+
+
+def config_from_args(framework: str, args: argparse.Namespace) -> TrainConfig:
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    cfg = TrainConfig(framework=framework, **values)
+    if cfg.data_dir is not None:
+        cfg = dataclasses.replace(cfg, data_dir=os.path.abspath(cfg.data_dir))
+    return cfg

@@ -1,0 +1,134 @@
+"""Framework-free data: the digits split, synthetic images, imagefolder checks.
+
+The torch and TF trainers build their loaders from these arrays and checks, so both see the
+same samples in the same split. Arrays are channels-first float32 in [0, 1].
+
+    python -m hvdtrain.datasets make-digits-folder /tmp/digits-png   # an imagefolder tree of real images
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from hvdtrain.errors import UsageError
+
+# 1797 digits: 397 (a prime, so exact sharding of the validation set is always exercised)
+# for validation, the other 1400 for training.
+DIGITS_VAL_SIZE = 397
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class ArraySplit:
+    """Images and labels. Sample i is image x[i % len(x)] with label y[i]: synthetic splits keep
+    a small pool of images instead of a copy per sample; for real data len(x) == len(y)."""
+    x_train: np.ndarray   # (P, C, H, W) float32 in [0, 1]
+    y_train: np.ndarray   # (N,) int64
+    x_val: np.ndarray
+    y_val: np.ndarray
+    num_classes: int
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.x_train.shape[2])
+
+
+def digits_split(val_size: int = DIGITS_VAL_SIZE, seed: int = 0) -> ArraySplit:
+    """scikit-learn's real 8x8 handwritten digits (values 0..16), shuffled once with `seed`."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[order], y[order]
+    return ArraySplit(x[val_size:], y[val_size:], x[:val_size], y[:val_size], 10)
+
+
+def synthetic_split(train_size: int, image_size: int, num_classes: int = 1000, seed: int = 0,
+                    channels: int = 3) -> ArraySplit:
+    """Random images for throughput runs. A pool of 64 distinct images is indexed cyclically:
+    generating (or storing) a fresh 224x224 image per sample would measure memory, not training."""
+    rng = np.random.default_rng(seed)
+    pool = rng.random((64, channels, image_size, image_size), dtype=np.float32)
+    val_size = max(1, train_size // 4)
+    y = rng.integers(0, num_classes, size=train_size + val_size).astype(np.int64)
+    return ArraySplit(pool, y[:train_size], pool, y[train_size:], num_classes)
+
+
+def check_imagefolder(data_dir: str | None) -> list[str]:
+    """Validate an ImageNet-style tree (`train/<class>/*.jpg`, `val/<class>/*.jpg`); return classes."""
+    if not data_dir:
+        raise UsageError("--dataset imagefolder needs --data-dir DIR (with train/ and val/ class folders)")
+    if not os.path.isdir(data_dir):
+        raise UsageError(f"data dir '{data_dir}' does not exist")
+    classes = None
+    for split in ("train", "val"):
+        root = os.path.join(data_dir, split)
+        if not os.path.isdir(root):
+            raise UsageError(f"data dir '{data_dir}' has no '{split}/' folder (expected {split}/<class>/<image>)")
+        found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        if not found:
+            raise UsageError(f"'{root}' holds no class folders")
+        n_images = sum(1 for c in found for f in os.listdir(os.path.join(root, c))
+                       if f.lower().endswith(IMAGE_EXTENSIONS))
+        if n_images == 0:
+            raise UsageError(f"'{root}' holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        if classes is None:
+            classes = found
+        elif found != classes:
+            raise UsageError(f"train/ and val/ under '{data_dir}' have different class folders")
+    return classes
+
+
+def exact_shard(n: int, rank: int, world_size: int) -> range:
+    """Indices of rank's share of n samples: each sample on exactly one rank, no padding."""
+    return range(rank, n, world_size)
+
+
+def check_enough_samples(n: int, world_size: int, what: str) -> None:
+    if n < world_size:
+        raise UsageError(f"{what} has {n} samples, fewer than the {world_size} ranks")
+
+
+def write_digits_imagefolder(root: str, per_class_train: int = 20, per_class_val: int = 5,
+                             size: int = 32, fmt: str = "png") -> str:
+    """Write real digit images as files in `root/{train,val}/<digit>/`: a small imagefolder tree."""
+    from PIL import Image
+
+    split = digits_split()
+    for name, xs, ys, per_class in (("train", split.x_train, split.y_train, per_class_train),
+                                    ("val", split.x_val, split.y_val, per_class_val)):
+        for cls in range(10):
+            folder = os.path.join(root, name, str(cls))
+            os.makedirs(folder, exist_ok=True)
+            for i, img in enumerate(xs[ys == cls][:per_class]):
+                pixels = (img[0] * 255).astype(np.uint8)
+                Image.fromarray(pixels, mode="L").resize((size, size)).convert("RGB").save(
+                    os.path.join(folder, f"{i:04d}.{fmt}"))
+    return root
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m hvdtrain.datasets")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make-digits-folder", help="write the digits as an imagefolder tree of PNG files")
+    m.add_argument("root")
+    m.add_argument("--per-class-train", type=int, default=20)
+    m.add_argument("--per-class-val", type=int, default=5)
+    m.add_argument("--size", type=int, default=32)
+    m.add_argument("--format", default="png", choices=("png", "jpg"))
+    args = p.parse_args(argv)
+    root = write_digits_imagefolder(args.root, args.per_class_train, args.per_class_val, args.size, args.format)
+    print(f"wrote {root}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Patch an unpacked Horovod 0.28.1 sdist so it builds against torch 2.14 and TensorFlow 2.21.
+#   bash scripts/patch-horovod.sh path/to/horovod-0.28.1
+# Each edit must apply: a source that no longer matches stops the build with the reason.
+set -euo pipefail
+src=$1
+edit() {  # edit FILE SED-EXPR WHAT
+    local file=$src/$1
+    if ! grep -q -- "$4" "$file"; then
+        echo "patch-horovod: cannot apply '$3' to $1 (pattern '$4' not found)" >&2; exit 1
+    fi
+    sed -i -e "$2" "$file"
+    echo "patched $1: $3"
+}
+# torch >= 2.1 headers need C++20 (upstream 3a31d933 did this for torch 2.1, never released).
+edit horovod/torch/CMakeLists.txt 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' \
+     "C++20 for torch ops" 'set(CMAKE_CXX_STANDARD 14)'
+# With C++20 the torch ops must link the C++17 gloo target, else gloo symbols are defined twice.
+edit horovod/torch/CMakeLists.txt 's/list(APPEND PYTORCH_LINKER_LIBS gloo)/list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)/' \
+     "link compatible17_gloo" 'list(APPEND PYTORCH_LINKER_LIBS gloo)'
+# TF 2.21 no longer ships the XLA headers the optional XLA custom-call ops include.
+edit horovod/tensorflow/CMakeLists.txt '/xla_mpi_ops.cc/d' \
+     "drop optional XLA ops" 'xla_mpi_ops.cc'
