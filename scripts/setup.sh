@@ -39,17 +39,17 @@ run_step() {
 # ---------------------------------------------------------------- apt
 APT_PACKAGES=(build-essential git openmpi-bin libopenmpi-dev slurm-wlm munge libpmix-dev
               libpmix-bin procps curl)
-step_apt() {
+step_apt() (  # a subshell: its EXIT trap and exports stay inside
     export DEBIAN_FRONTEND=noninteractive
     # Debian's package scripts try to start the daemons; there is no init system here and the
     # project starts its own cluster (scripts/slurm-cluster.sh), so forbid that.
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-        trap 'rm -f /usr/sbin/policy-rc.d' RETURN
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     apt-get update
     apt-get install -y --no-install-recommends "${APT_PACKAGES[@]}"
-}
+)
 apt_missing() {
     local p
     for p in "${APT_PACKAGES[@]}"; do
@@ -104,28 +104,25 @@ find_cuda() {
     done
 }
 
-step_horovod_build() {
-    local work
+step_horovod_build() (  # a subshell: its EXIT trap, cd and exports stay inside
     work=$(mktemp -d "$HVDTRAIN_CACHE/build.XXXXXX")
-    trap 'rm -rf "$work"' RETURN
+    trap 'rm -rf "$work"' EXIT
     cd "$work"
     $PY -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d .
     tar xzf "horovod-$HOROVOD_VERSION.tar.gz"
     cd "horovod-$HOROVOD_VERSION"
     bash "$REPO/scripts/patch-horovod.sh" .
-    local cuda; cuda=$(find_cuda)
+    cuda=$(find_cuda)
     if [ -n "$cuda" ]; then
         export CUDA_HOME=$cuda CUDAToolkit_ROOT=$cuda PATH=$cuda/bin:$PATH
         echo "CUDA toolkit: $cuda"
     fi
-    local tfi
     tfi=$($PY -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
     export CXXFLAGS="-I$tfi/external/highwayhash -I$tfi/external/farmhash_archive/src ${CXXFLAGS:-}"
     export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 \
            HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(nproc)
     if [ "$GPU_OPS" = nccl ]; then
         # The NCCL that torch's CUDA packages bring (nvidia-nccl-cu*), not a system one.
-        local nccl
         nccl=$($PY -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])')
         [ -e "$nccl/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
         export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$nccl HOROVOD_NCCL_LINK=SHARED
@@ -136,7 +133,7 @@ step_horovod_build() {
     cp dist/horovod-*.whl "$WHEEL_DIR.tmp/"
     rm -rf "$WHEEL_DIR"
     mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"     # atomic: the cache holds a whole wheel or none
-}
+)
 step_horovod_install() {
     $PY -m pip install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
     echo "$HVD_KEY" >"$HVDTRAIN_VENV/.hvdtrain-horovod"

@@ -84,6 +84,15 @@ class HorovodBackend:
             # step to create the state, which weight decay turns into a (small) real update.
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
+    def average_buffers(self, model):
+        """BatchNorm running statistics are per rank under Horovod, which reduces gradients only:
+        average them before evaluation and checkpoints."""
+        bufs = [(n, t) for n, t in model.named_buffers() if t.is_floating_point()]
+        if bufs:
+            averaged = self.hvd.grouped_allreduce([t for _, t in bufs], op=self.hvd.Average, name="buffers")
+            for (_, t), avg in zip(bufs, averaged):
+                t.copy_(avg)
+
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
@@ -182,6 +191,9 @@ class DDPBackend:
         # (only after a resume) goes as an object.
         if optimizer_state:
             optimizer.load_state_dict(self.broadcast_object(optimizer.state_dict()))
+
+    def average_buffers(self, model):
+        pass  # DDP broadcasts rank 0's buffers at every forward: they are equal already.
 
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()

@@ -1,0 +1,58 @@
+"""Process-level setup shared by the trainers: CPU threads per rank, stop signals, requeue.
+
+Slurm sends SIGUSR1 (`#SBATCH --signal=USR1@120`) ahead of the time limit and SIGTERM when it
+cancels or preempts a job. Handlers only set a flag; the trainer reduces that flag over ranks at
+its next step boundary so that every rank stops at the same step, rank 0 checkpoints and, under
+Slurm, requeues the job, which then resumes from that checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+
+
+def threads_per_rank(requested: int | None, local_world_size: int) -> int:
+    """CPU compute threads for this rank: the request, else Slurm's cpus-per-task, else the cores
+    this process may run on shared among the ranks of this node."""
+    if requested:
+        return requested
+    if os.environ.get("SLURM_CPUS_PER_TASK"):
+        return int(os.environ["SLURM_CPUS_PER_TASK"])
+    allowed = len(os.sched_getaffinity(0))
+    if allowed < (os.cpu_count() or allowed):
+        return allowed  # the launcher bound this rank to its own cores already
+    return max(1, allowed // max(1, local_world_size))
+
+
+class StopRequest:
+    """Remembers that SIGUSR1 or SIGTERM arrived; `signal_name` says which."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.signal_name = signal.Signals(signum).name
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+
+_JOB_ID = re.compile(r"^\d+(_\d+)?$")
+
+
+def requeue_slurm_job(job_id: str | None) -> str:
+    """`scontrol requeue JOB`: returns what happened, in words. The id must look like a Slurm
+    job id, and goes as one argument: never through a shell."""
+    if not job_id or not _JOB_ID.match(job_id):
+        return f"not requeued: '{job_id}' is not a Slurm job id"
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return f"scontrol requeue {job_id} failed: {done.stderr.strip() or done.stdout.strip()}"
+    return f"job {job_id} requeued"

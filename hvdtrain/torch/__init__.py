@@ -1,0 +1,1 @@
+"""PyTorch trainer: `python -m hvdtrain.torch --help` (see hvdtrain/torch/train.py)."""

@@ -1,0 +1,3 @@
+from hvdtrain.torch.train import main
+
+main()

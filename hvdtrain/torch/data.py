@@ -1,0 +1,85 @@
+"""torch datasets and loaders built from hvdtrain.datasets: no distributed code here except the
+samplers, which take rank and world size as plain numbers."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
+
+from hvdtrain import datasets
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class ArrayDataset(Dataset):
+    """Sample i: image x[i % len(x)], label y[i] (see datasets.ArraySplit)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i % len(self.x)], self.y[i]
+
+
+class SkipSampler(Sampler):
+    """The first `skip` indices of `sampler` dropped: resuming in the middle of an epoch sees
+    exactly the samples an uninterrupted run would have seen next."""
+
+    def __init__(self, sampler, skip: int):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self):
+        return max(0, len(self.sampler) - self.skip)
+
+
+def build_datasets(cfg):
+    """(train, val, in_channels, num_classes, image_size) for cfg.dataset."""
+    if cfg.dataset == "digits":
+        split = datasets.digits_split()
+    elif cfg.dataset == "synthetic":
+        split = datasets.synthetic_split(cfg.synthetic_size, cfg.image_size, seed=cfg.seed)
+    else:
+        from torchvision import datasets as tv_datasets, transforms as T
+
+        classes = datasets.check_imagefolder(cfg.data_dir)
+        norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+        train_tf = T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        val_tf = T.Compose([T.Resize(int(cfg.image_size * 1.14)), T.CenterCrop(cfg.image_size), T.ToTensor(), norm])
+        train = tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf)
+        val = tv_datasets.ImageFolder(f"{cfg.data_dir}/val", transform=val_tf)
+        return train, val, 3, len(classes), cfg.image_size
+    return (ArrayDataset(split.x_train, split.y_train), ArrayDataset(split.x_val, split.y_val),
+            split.in_channels, split.num_classes, split.image_size)
+
+
+def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int):
+    # drop_last on both: every rank runs the same number of steps, or a collective would hang.
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=cfg.seed, drop_last=True)
+    sampler.set_epoch(epoch)
+    batch = cfg.batch_size * cfg.batches_per_allreduce
+    return DataLoader(dataset, batch_size=batch, sampler=SkipSampler(sampler, skip_batches * batch),
+                      drop_last=True, num_workers=_workers(dataset, cfg), pin_memory=torch.cuda.is_available())
+
+
+def val_loader(dataset, cfg, rank: int, world_size: int):
+    # Not a DistributedSampler: it pads with duplicates so that shards are equal. Here every
+    # validation sample is seen exactly once; metrics are reduced as (sum, count).
+    shard = Subset(dataset, datasets.exact_shard(len(dataset), rank, world_size))
+    return DataLoader(shard, batch_size=cfg.batch_size, shuffle=False, num_workers=_workers(dataset, cfg))
+
+
+def steps_per_epoch(dataset, cfg, world_size: int) -> int:
+    return (len(dataset) // world_size) // (cfg.batch_size * cfg.batches_per_allreduce)
+
+
+def _workers(dataset, cfg) -> int:
+    # In-memory arrays are indexed faster in the main process than sent from workers.
+    return 0 if isinstance(dataset, ArrayDataset) else cfg.num_workers

@@ -1,0 +1,353 @@
+"""Horovod data-parallel training of torchvision models on CPUs or GPUs.
+
+    srun python -m hvdtrain.torch --model resnet50 --dataset synthetic --image-size 64 --steps 20
+    mpirun -np 2 python -m hvdtrain.torch --model mnist_cnn --dataset digits --epochs 8
+    horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain.torch --model resnet18 --steps 10
+
+Every rank runs this file; rank 0 alone logs, writes checkpoints and the result file. The
+backend (Horovod, or DDP for comparison) is chosen once in `Trainer.__init__`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import socket
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.cluster import ClusterEnv
+from hvdtrain.config import TrainConfig, build_parser, config_from_args
+from hvdtrain.datasets import check_enough_samples, check_imagefolder
+from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.report import Rank0Reporter
+from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
+from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.torch import data
+from hvdtrain.torch.backends import make_backend
+from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
+
+PROG = "hvdtrain.torch"
+
+
+def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
+    """Multiplier of cfg.lr at an optimizer step: warm-up from the one-rank LR (Goyal et al.),
+    then the schedule."""
+    warmup = int(cfg.warmup_epochs * steps_per_epoch)
+    start = cfg.base_lr / cfg.lr if cfg.lr else 1.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start + (1 - start) * step / warmup
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return 0.1 ** sum(progress >= m for m in (0.3, 0.6, 0.8))  # step
+    return factor
+
+
+def make_optimizer(cfg: TrainConfig, params):
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def step_seed(seed: int, global_step: int, rank: int) -> int:
+    """Seed for the random ops (dropout, augmentation) of one step on one rank: a function of the
+    step, not of history, so that a resumed run draws what an uninterrupted one would have."""
+    return (seed * 1_000_003 + global_step * 7919 + rank) % (2**63)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        env = ClusterEnv.from_environ()
+        self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
+        torch.set_num_threads(self.threads)
+        self.backend = b = make_backend(cfg.backend)
+        self.cfg = cfg = cfg.with_world_size(b.world_size)
+        self.rank, self.world_size = b.rank, b.world_size
+        self.is_rank0 = b.rank == 0
+        self.reporter = Rank0Reporter(self.is_rank0, None, PROG)
+        self.stop = StopRequest()
+        self.device = self._pick_device(b.local_rank)
+        if cfg.amp and self.device.type != "cuda":
+            raise UsageError("--amp needs a CUDA GPU; this rank has none")
+
+        self.train_ds, self.val_ds, in_channels, self.num_classes, image_size = data.build_datasets(cfg)
+        check_enough_samples(len(self.val_ds), self.world_size, "the validation set")
+        check_enough_samples(len(self.train_ds), self.world_size, "the training set")
+        self.steps_per_epoch = data.steps_per_epoch(self.train_ds, cfg, self.world_size)
+        if self.steps_per_epoch == 0:
+            raise UsageError(
+                f"each of the {self.world_size} ranks gets {len(self.train_ds) // self.world_size} training "
+                f"samples, fewer than one step's {cfg.batch_size * cfg.batches_per_allreduce} "
+                "(--batch-size x --batches-per-allreduce)")
+        # The schedule spans all epochs; --steps only stops early (a run stopped by --steps and
+        # resumed follows the same LR curve as one that never stopped).
+        self.schedule_steps = cfg.epochs * self.steps_per_epoch
+        self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
+        if cfg.resume and not cfg.checkpoint_dir:
+            raise UsageError("--resume needs --checkpoint-dir")
+
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, in_channels, self.num_classes, image_size).to(self.device)
+        self.channels_last = self.device.type == "cuda" and cfg.model in CHANNELS_LAST_MODELS
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.raw_model = model
+        optimizer = make_optimizer(cfg, model.parameters())
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(cfg, self.steps_per_epoch, self.schedule_steps))
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
+
+        self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
+        self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
+        resumed_from = self._restore(model, optimizer)
+        self.model = b.wrap_model(model, self.device)
+        self.optimizer = b.wrap_optimizer(optimizer, self.model, cfg)
+        b.broadcast_state(model, self.optimizer, optimizer_state=resumed_from is not None)
+        if cfg.log_dir and self.is_rank0:
+            self.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
+        self._log_start(env, resumed_from)
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _pick_device(self, local_rank: int) -> torch.device:
+        if torch.cuda.is_available():
+            # One GPU per rank: ranks of a node take GPUs 0..local_size-1.
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+            return device
+        return torch.device("cpu")
+
+    def _checkpoint_config(self) -> dict:
+        return {**self.cfg.to_dict(), "num_classes": self.num_classes}
+
+    def _restore(self, model, optimizer) -> str | None:
+        """Rank 0 loads the newest checkpoint; every rank learns the outcome, and fails together."""
+        status = {"error": None, "path": None, "position": None}
+        if self.is_rank0 and self.cfg.checkpoint_dir:
+            path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
+            if path is not None:
+                try:
+                    state = torch.load(path, map_location="cpu", weights_only=True)
+                    ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
+                                          self._checkpoint_config())
+                    model.load_state_dict(state["model"])
+                    optimizer.load_state_dict(state["optimizer"])
+                    self.scheduler.load_state_dict(state["scheduler"])
+                    if self.scaler is not None and state.get("scaler"):
+                        self.scaler.load_state_dict(state["scaler"])
+                    status.update(path=path, position=(state["epoch"], state["step_in_epoch"],
+                                                       state["global_step"], state["history"]))
+                except UsageError as err:
+                    status["error"] = str(err)
+                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
+                    status["error"] = f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err})"
+        status = self.backend.broadcast_object(status)
+        if status["error"]:
+            raise UsageError(status["error"])
+        if status["position"] is not None:
+            self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
+            self.scheduler.load_state_dict(self.backend.broadcast_object(self.scheduler.state_dict()))
+        return status["path"]
+
+    def _log_start(self, env: ClusterEnv, resumed_from: str | None):
+        placement = self.backend.allgather_object((self.rank, socket.gethostname(), str(self.device), self.threads))
+        cfg = self.cfg
+        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {env.launcher}; "
+                           f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
+                           f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
+        for rank, host, device, threads in placement:
+            self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
+        self.reporter.info(f"config: {cfg.to_dict()}")
+        if resumed_from:
+            self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+        self.placement = placement
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict:
+        cfg = self.cfg
+        self.timed_seconds, self.timed_samples = 0.0, 0
+        self.loss_log = []
+        stopped_by = None
+        while self.epoch < cfg.epochs and self.global_step < self.total_steps:
+            train_metrics, stopped_by = self._train_epoch()
+            val_metrics = self._validate()
+            epoch_done = self.step_in_epoch >= self.steps_per_epoch
+            record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
+                      "global_step": self.global_step, **train_metrics, **val_metrics}
+            self.history.append(record)
+            rate = self.timed_samples / self.timed_seconds if self.timed_seconds else float("nan")
+            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
+                               f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
+                               f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
+                               f"{rate * self.world_size:.1f} img/s")
+            self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
+                                                     "val/acc": val_metrics["val_acc"]})
+            if epoch_done:
+                self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self._save_checkpoint()
+            if stopped_by:
+                break
+        result = self._finish(stopped_by)
+        return result
+
+    def _train_epoch(self):
+        cfg, b = self.cfg, self.backend
+        k = cfg.batches_per_allreduce
+        loader = data.train_loader(self.train_ds, cfg, self.rank, self.world_size, self.epoch, self.step_in_epoch)
+        self.model.train()
+        window = torch.zeros(3, dtype=torch.float64)      # loss sum, correct, count since last reduce
+        totals = torch.zeros(3, dtype=torch.float64)
+        stopped_by = None
+        timing, timed_steps = False, 0
+        steps_left = min(self.steps_per_epoch - self.step_in_epoch, self.total_steps - self.global_step)
+        bar = self.reporter.progress(steps_left, f"epoch {self.epoch + 1}/{cfg.epochs}")
+        for i, (x, y) in enumerate(loader):
+            if i == steps_left:
+                break
+            if not timing and self._steps_run >= cfg.warmup_steps:
+                b.barrier()  # every rank starts the clock together: no rank-0-only timing
+                timing, t0 = True, time.perf_counter()
+            torch.manual_seed(step_seed(cfg.seed, self.global_step, self.rank))
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            self.optimizer.zero_grad(set_to_none=True)
+            for j, (xc, yc) in enumerate(zip(x.chunk(k), y.chunk(k))):
+                with b.no_sync(self.model, self.optimizer, j == k - 1), \
+                        torch.autocast(self.device.type, enabled=cfg.amp):
+                    out = self.model(xc)
+                    loss = F.cross_entropy(out, yc)
+                # Each micro-batch's loss weighs its share of the step's batch: the accumulated
+                # gradient is that of the whole batch.
+                scaled = loss * (len(yc) / len(y))
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                window += torch.tensor([loss.item() * len(yc), (out.argmax(1) == yc).sum().item(), len(yc)],
+                                       dtype=torch.float64)
+            b.step(self.optimizer, self.scaler)
+            self.scheduler.step()
+            self.global_step += 1
+            self.step_in_epoch += 1
+            self._steps_run += 1
+            timed_steps += timing
+            bar.update(1)
+            last = i == steps_left - 1
+            if self.global_step % cfg.log_interval == 0 or last:
+                reduced, stop_votes = self._reduce_window(window)
+                totals += reduced
+                window.zero_()
+                interval_loss = reduced[0].item() / max(1.0, reduced[2].item())
+                self.loss_log.append([self.global_step, interval_loss])
+                self.reporter.scalars(self.global_step, {"train/loss": interval_loss,
+                                                         "train/lr": self.scheduler.get_last_lr()[0]})
+                bar.set_postfix(loss=f"{interval_loss:.4f}")
+                if stop_votes > 0:
+                    stopped_by = self.stop.signal_name or "signal on another rank"
+                    break
+        bar.close()
+        if timing:
+            b.barrier()
+            self.timed_seconds += time.perf_counter() - t0
+            self.timed_samples += timed_steps * cfg.batch_size * k
+        count = max(1.0, totals[2].item())
+        return {"train_loss": totals[0].item() / count, "train_acc": totals[1].item() / count}, stopped_by
+
+    def _reduce_window(self, window):
+        # One allreduce for the metrics and the stop vote: every rank stops at the same step.
+        vec = torch.cat([window, torch.tensor([1.0 if self.stop.requested else 0.0], dtype=torch.float64)])
+        out = self.backend.allreduce_sum(vec)
+        return out[:3], out[3].item()
+
+    @torch.no_grad()
+    def _validate(self) -> dict:
+        self.backend.average_buffers(self.raw_model)  # one set of BatchNorm statistics
+        self.model.eval()
+        sums = torch.zeros(3, dtype=torch.float64)
+        for x, y in data.val_loader(self.val_ds, self.cfg, self.rank, self.world_size):
+            x, y = x.to(self.device), y.to(self.device)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(self.device.type, enabled=self.cfg.amp):
+                out = self.model(x)
+            sums += torch.tensor([F.cross_entropy(out.float(), y, reduction="sum").item(),
+                                  (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+        total = self.backend.allreduce_sum(sums)
+        count = int(total[2].item())
+        return {"val_loss": total[0].item() / count, "val_acc": total[1].item() / count, "val_count": count}
+
+    # ------------------------------------------------------------------ checkpoints and results
+    def _save_checkpoint(self):
+        if not self.cfg.checkpoint_dir or not self.is_rank0:
+            return
+        state = {
+            "format_version": ckpt.FORMAT_VERSION,
+            "config": self._checkpoint_config(),
+            "model": self.raw_model.state_dict(),        # unwrapped: no "module." prefix
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "history": self.history,
+            "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
+        }
+        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(self.global_step, self.epoch, "pt"))
+        ckpt.atomic_write(path, lambda f: torch.save(state, f))
+        ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
+        self.reporter.info(f"checkpoint {path}")
+
+    def _finish(self, stopped_by: str | None) -> dict:
+        cfg, b = self.cfg, self.backend
+        params = [p.detach().cpu().double().numpy() for p in self.raw_model.parameters()]
+        rate = self.timed_samples / self.timed_seconds if self.timed_seconds else None
+        per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": str(self.device),
+                                       "threads": self.threads, "images_per_sec": rate,
+                                       "timed_samples": self.timed_samples, "timed_seconds": self.timed_seconds,
+                                       "param_checksum": checksum_arrays(params)})
+        requeue = None
+        if stopped_by:
+            self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
+            env = ClusterEnv.from_environ()
+            if self.is_rank0 and env.job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
+                requeue = requeue_slurm_job(env.job_id)
+                self.reporter.info(requeue)
+        result = {
+            "framework": "torch", **b.describe(), "config": cfg.to_dict(), "world_size": self.world_size,
+            "launcher": ClusterEnv.from_environ().launcher, "ranks": per_rank,
+            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
+            if all(r["images_per_sec"] for r in per_rank) else None,
+            "final": self.history[-1] if self.history else None, "history": self.history,
+            "loss_log": self.loss_log, "global_step": self.global_step, "epoch": self.epoch,
+            "stopped_by": stopped_by, "requeue": requeue,
+            "versions": library_versions(), "environment": environment_fingerprint(),
+        }
+        if cfg.result_json and self.is_rank0:
+            write_json(cfg.result_json, result)
+            self.reporter.info(f"result file {cfg.result_json}")
+        self.reporter.close()
+        b.barrier()
+        b.shutdown()
+        return result
+
+
+def main(argv=None) -> None:
+    parser = build_parser("torch", list(MODELS), f"python -m {PROG}")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args("torch", args)
+        check_model_name(cfg.model)
+        if cfg.dataset == "imagefolder":
+            check_imagefolder(cfg.data_dir)
+        Trainer(cfg).train()
+    except UsageError as err:
+        report_and_exit(err, PROG)
+    sys.stdout.flush()

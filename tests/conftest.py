@@ -1,0 +1,94 @@
+"""Shared test machinery: launching real ranks under mpirun, srun and horovodrun with hard
+timeouts, and the session's local Slurm cluster.
+
+Every distributed launch goes through `launch()`: it runs the ranks in their own process
+group, kills the whole group at the timeout, and fails naming the launcher, the command and the
+ranks' last output (each line is tagged with its rank by the launcher).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+
+
+def base_env() -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env["PATH"]
+    return env
+
+
+def launcher_prefix(launcher: str, np: int) -> list[str]:
+    if launcher == "mpirun":
+        # --tag-output: every line names its rank. --bind-to none: let the per-rank thread count
+        # decide, as under srun here.
+        return ["mpirun", "-np", str(np), "--tag-output", "--bind-to", "none", "--oversubscribe"]
+    if launcher == "srun":
+        return ["srun", "--mpi=pmix", "-n", str(np), "--label", "--kill-on-bad-exit=1", "-t", "10"]
+    if launcher == "horovodrun":
+        return ["horovodrun", "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
+    if launcher == "single":
+        return []
+    raise ValueError(launcher)
+
+
+@dataclass
+class Launch:
+    returncode: int
+    output: str
+    command: list[str]
+
+
+def launch(launcher: str, np: int, argv: list[str], timeout: float, env: dict | None = None,
+           cwd: str | None = None, check: bool = True) -> Launch:
+    cmd = launcher_prefix(launcher, np) + argv
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env or base_env(), cwd=cwd or REPO, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{launcher} -np {np} timed out after {timeout:.0f} s (a rank hung?)\n"
+                    f"command: {' '.join(cmd)}\nlast output:\n{out[-6000:]}")
+    result = Launch(proc.returncode, out, cmd)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{launcher} -np {np} exited {proc.returncode}\ncommand: {' '.join(cmd)}\n"
+                    f"output:\n{out[-8000:]}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local Slurm cluster, started for this session in its own directory and stopped after."""
+    if shutil.which("slurmctld") is None:
+        pytest.fail("Slurm is not installed: run bash scripts/setup.sh")
+    slurm_dir = tempfile.mkdtemp(prefix="hvdtrain-slurm-")
+    env = base_env()
+    env["HVDTRAIN_SLURM_DIR"] = slurm_dir
+    script = os.path.join(REPO, "scripts", "slurm-cluster.sh")
+    started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=240)
+    if started.returncode != 0:
+        subprocess.run(["bash", script, "stop"], env=env, timeout=60)
+        pytest.fail(f"local Slurm cluster did not start:\n{started.stdout}\n{started.stderr}")
+    os.environ["SLURM_CONF"] = os.path.join(slurm_dir, "slurm.conf")
+    yield slurm_dir
+    subprocess.run(["bash", script, "stop"], env=env, timeout=60)
+    os.environ.pop("SLURM_CONF", None)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests that need the Slurm cluster run together, so it is started once.
+    items.sort(key=lambda item: "slurm_cluster" in getattr(item, "fixturenames", ()))
