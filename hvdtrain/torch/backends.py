@@ -77,12 +77,13 @@ class HorovodBackend:
         scaler.update()
 
     def broadcast_state(self, model, optimizer, optimizer_state: bool):
-        # Horovod: every rank starts from rank 0's weights and optimizer state.
-        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # Horovod: every rank starts from rank 0's optimizer state and weights.
         if optimizer_state:
-            # Only after a resume: on a fresh optimizer Horovod would first take a zero-gradient
-            # step to create the state, which weight decay turns into a (small) real update.
+            # Only after a resume, and before the weights: on ranks whose optimizer is still empty
+            # Horovod creates the state with a zero-gradient step, which weight decay turns into a
+            # small real update of those ranks' weights. Broadcasting the weights after it undoes that.
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def average_buffers(self, model):
         """BatchNorm running statistics are per rank under Horovod, which reduces gradients only:

@@ -103,17 +103,31 @@ class Trainer:
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.raw_model = model
-        optimizer = make_optimizer(cfg, model.parameters())
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(cfg, self.steps_per_epoch, self.schedule_steps))
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
 
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
         self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
-        resumed_from = self._restore(model, optimizer)
+        saved, resumed_from = self._read_checkpoint()
+        if saved is not None:
+            model.load_state_dict(saved["model"])  # before DDP wraps it: DDP broadcasts rank 0's weights
         self.model = b.wrap_model(model, self.device)
-        self.optimizer = b.wrap_optimizer(optimizer, self.model, cfg)
+        # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
+        # is a new optimizer object and would drop the state of the one it wraps.
+        self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg, self.steps_per_epoch, self.schedule_steps))
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
+        if saved is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            if self.scaler is not None and saved.get("scaler"):
+                self.scaler.load_state_dict(saved["scaler"])
         b.broadcast_state(model, self.optimizer, optimizer_state=resumed_from is not None)
+        if resumed_from is not None:
+            # Step counters and the schedule's position travel as one object from rank 0.
+            position = b.broadcast_object((self.epoch, self.step_in_epoch, self.global_step, self.history,
+                                           self.scheduler.state_dict()))
+            self.epoch, self.step_in_epoch, self.global_step, self.history, sched = position
+            self.scheduler.load_state_dict(sched)
         if cfg.log_dir and self.is_rank0:
             self.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
         self._log_start(env, resumed_from)
@@ -130,9 +144,10 @@ class Trainer:
     def _checkpoint_config(self) -> dict:
         return {**self.cfg.to_dict(), "num_classes": self.num_classes}
 
-    def _restore(self, model, optimizer) -> str | None:
-        """Rank 0 loads the newest checkpoint; every rank learns the outcome, and fails together."""
-        status = {"error": None, "path": None, "position": None}
+    def _read_checkpoint(self):
+        """Rank 0 reads the newest checkpoint; every rank learns whether it is usable, and all
+        fail together with the reason if not. Returns (state on rank 0 else None, path)."""
+        status, state = {"error": None, "path": None}, None
         if self.is_rank0 and self.cfg.checkpoint_dir:
             path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
             if path is not None:
@@ -140,13 +155,9 @@ class Trainer:
                     state = torch.load(path, map_location="cpu", weights_only=True)
                     ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
                                           self._checkpoint_config())
-                    model.load_state_dict(state["model"])
-                    optimizer.load_state_dict(state["optimizer"])
-                    self.scheduler.load_state_dict(state["scheduler"])
-                    if self.scaler is not None and state.get("scaler"):
-                        self.scaler.load_state_dict(state["scaler"])
-                    status.update(path=path, position=(state["epoch"], state["step_in_epoch"],
-                                                       state["global_step"], state["history"]))
+                    self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+                    self.global_step, self.history = state["global_step"], state["history"]
+                    status["path"] = path
                 except UsageError as err:
                     status["error"] = str(err)
                 except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
@@ -154,10 +165,7 @@ class Trainer:
         status = self.backend.broadcast_object(status)
         if status["error"]:
             raise UsageError(status["error"])
-        if status["position"] is not None:
-            self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
-            self.scheduler.load_state_dict(self.backend.broadcast_object(self.scheduler.state_dict()))
-        return status["path"]
+        return (state if status["path"] else None), status["path"]
 
     def _log_start(self, env: ClusterEnv, resumed_from: str | None):
         placement = self.backend.allgather_object((self.rank, socket.gethostname(), str(self.device), self.threads))
@@ -222,7 +230,7 @@ class Trainer:
             y = y.to(self.device, non_blocking=True)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none (torch defaults to True)
             for j, (xc, yc) in enumerate(zip(x.chunk(k), y.chunk(k))):
                 with b.no_sync(self.model, self.optimizer, j == k - 1), \
                         torch.autocast(self.device.type, enabled=cfg.amp):

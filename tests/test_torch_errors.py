@@ -1,0 +1,93 @@
+"""Bad input to `python -m hvdtrain.torch` on 2 real ranks: one clear line naming the problem,
+a non-zero exit, and no hang (every launch has a hard timeout)."""
+import os
+import shutil
+
+import pytest
+import torch
+
+from conftest import PYTHON, base_env, launch
+
+TRAINER = [PYTHON, "-m", "hvdtrain.torch"]
+SMALL = ["--dataset", "digits", "--model", "mnist_cnn", "--epochs", "1", "--threads-per-rank", "1"]
+
+
+def fails_with(extra, message, env=None, np=2):
+    out = launch("mpirun", np, TRAINER + extra, timeout=120, env=env, check=False)
+    assert out.returncode != 0, f"expected a failure, got exit 0:\n{out.output[-3000:]}"
+    assert message in out.output, f"'{message}' not in output:\n{out.output[-3000:]}"
+    assert "Traceback" not in out.output, out.output[-3000:]
+    return out
+
+
+def test_unknown_model_lists_valid_ones():
+    out = fails_with(["--model", "vgg99"], "unknown model 'vgg99'; valid: resnet50, resnet18, mnist_cnn")
+    # both ranks report, each naming itself
+    assert "error [rank 0/2]" in out.output and "error [rank 1/2]" in out.output
+
+
+def test_unknown_dataset():
+    fails_with(["--dataset", "cifar"], "unknown dataset 'cifar'; valid: synthetic, imagefolder, digits")
+
+
+def test_missing_data_dir(tmp_path):
+    fails_with(["--dataset", "imagefolder", "--data-dir", str(tmp_path / "nowhere")],
+               f"data dir '{tmp_path / 'nowhere'}' does not exist")
+
+
+def test_empty_data_dir(tmp_path):
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "val" / "cat").mkdir(parents=True)
+    fails_with(["--dataset", "imagefolder", "--data-dir", str(tmp_path)], "holds no images")
+
+
+def test_batch_size_below_one():
+    fails_with(SMALL + ["--batch-size", "0"], "--batch-size must be >= 1 (got 0)")
+
+
+def test_more_ranks_than_samples(tmp_path):
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    root = write_digits_imagefolder(str(tmp_path / "tiny"), per_class_train=1, per_class_val=1, size=8)
+    # 10 validation images on 2 ranks are fine, so ask for a batch no rank's share can fill.
+    fails_with(["--dataset", "imagefolder", "--data-dir", root, "--model", "mnist_cnn", "--image-size", "8",
+                "--batch-size", "8", "--num-workers", "0"], "fewer than one step's 8")
+
+
+def test_unreadable_checkpoint_is_named(tmp_path):
+    bad = tmp_path / "ckpt" / "ckpt-e0001-s00000010.pt"
+    bad.parent.mkdir()
+    bad.write_bytes(b"this is not a checkpoint")
+    fails_with(SMALL + ["--checkpoint-dir", str(bad.parent)], f"checkpoint {bad} is unreadable or corrupt")
+
+
+def test_incompatible_checkpoint_lists_differences(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    launch("mpirun", 2, TRAINER + SMALL + ["--steps", "2", "--checkpoint-dir", str(ckpt)], timeout=120)
+    out = fails_with(["--dataset", "digits", "--model", "resnet18", "--epochs", "1",
+                      "--checkpoint-dir", str(ckpt)], "does not match this run: model: checkpoint 'mnist_cnn', this run 'resnet18'")
+    assert "error [rank 1/2]" in out.output  # the other rank fails too instead of waiting
+
+
+def test_resume_without_checkpoint_dir():
+    fails_with(SMALL + ["--resume"], "--resume needs --checkpoint-dir")
+
+
+def test_horovod_without_torch_ops(tmp_path):
+    """A real Horovod install whose PyTorch extension is missing, as a build without
+    HOROVOD_WITH_PYTORCH=1 leaves it."""
+    import horovod
+
+    src = os.path.dirname(horovod.__file__)
+    dst = tmp_path / "site" / "horovod"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("mpi_lib_v2*.so"))
+    assert not list((dst / "torch").glob("mpi_lib_v2*.so"))
+    env = base_env()
+    env["PYTHONPATH"] = str(tmp_path / "site") + os.pathsep + env["PYTHONPATH"]
+    fails_with(SMALL, "Horovod is installed without its PyTorch ops", env=env)
+
+
+def test_amp_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this check is for CPU-only machines")
+    fails_with(SMALL + ["--amp"], "--amp needs a CUDA GPU")

@@ -1,0 +1,126 @@
+"""`python -m hvdtrain.torch` launched for real: accuracy, parity between 1 and 2 ranks, equal
+weights on every rank, exact resume, exact validation counts, launchers and datasets."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import PYTHON, launch
+
+TRAINER = [PYTHON, "-m", "hvdtrain.torch"]
+# Adam on digits: 15 short epochs reach ~98% on one CPU core. base-lr is per 32-sample rank batch.
+DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "adam", "--epochs", "15",
+          "--threads-per-rank", "1"]
+
+
+def run_trainer(tmp_path, name, launcher, np, extra, timeout=300, check=True):
+    result_path = tmp_path / f"{name}.json"
+    out = launch(launcher, np, TRAINER + extra + ["--result-json", str(result_path)], timeout=timeout, check=check)
+    return (json.loads(result_path.read_text()) if result_path.exists() else None), out
+
+
+def test_digits_two_ranks_accuracy_and_one_rank_parity(tmp_path):
+    two, _ = run_trainer(tmp_path, "np2", "mpirun", 2, DIGITS + ["--batch-size", "32", "--base-lr", "0.003"])
+    # One rank with the same global batch (64) and so the same effective LR (0.003 x 2).
+    one, _ = run_trainer(tmp_path, "np1", "mpirun", 1, DIGITS + ["--batch-size", "64", "--base-lr", "0.006"])
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["config"]["global_batch_size"] == one["config"]["global_batch_size"] == 64
+    assert two["config"]["lr"] == pytest.approx(one["config"]["lr"])
+    acc2, acc1 = two["final"]["val_acc"], one["final"]["val_acc"]
+    assert acc2 >= 0.95, f"2 ranks reached only {acc2:.4f}"
+    assert abs(acc2 - acc1) <= 0.01, f"1 rank {acc1:.4f} vs 2 ranks {acc2:.4f}"
+    # Every validation sample counted exactly once: the digits val set has 397 (prime) samples.
+    assert two["final"]["val_count"] == 397 and one["final"]["val_count"] == 397
+    checksums = {r["param_checksum"] for r in two["ranks"]}
+    assert len(two["ranks"]) == 2 and len(checksums) == 1, two["ranks"]
+    assert all(r["images_per_sec"] > 0 for r in two["ranks"])
+
+
+def _final_weights(ckpt_dir):
+    from hvdtrain.checkpoint import latest_checkpoint
+
+    path = latest_checkpoint(str(ckpt_dir))
+    return torch.load(path, weights_only=True)
+
+
+def test_resume_after_interruption_matches_uninterrupted(tmp_path):
+    common = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "sgd", "--base-lr", "0.02",
+              "--epochs", "4", "--batch-size", "32", "--threads-per-rank", "1", "--seed", "7"]
+    run_trainer(tmp_path, "full", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "full")])
+    # Stop after epoch 2 (21 steps per epoch on 2 ranks), then run again: it resumes by itself.
+    first, _ = run_trainer(tmp_path, "part1", "mpirun", 2,
+                           common + ["--checkpoint-dir", str(tmp_path / "split"), "--steps", "42"])
+    assert first["global_step"] == 42 and first["epoch"] == 2
+    second, out = run_trainer(tmp_path, "part2", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "split")])
+    assert "resumed from" in out.output and "ckpt-e0002-s00000042.pt" in out.output
+    assert second["global_step"] == 84 and second["epoch"] == 4
+    full, split = _final_weights(tmp_path / "full"), _final_weights(tmp_path / "split")
+    assert full["global_step"] == split["global_step"] == 84
+    for name, tensor in full["model"].items():
+        diff = (tensor.double() - split["model"][name].double()).abs().max().item()
+        assert diff <= 1e-6, f"{name} differs by {diff} after resume"
+    assert not any(k.startswith("module.") for k in full["model"])
+
+
+def test_resume_in_the_middle_of_an_epoch(tmp_path):
+    common = ["--model", "mnist_cnn", "--dataset", "digits", "--epochs", "2", "--batch-size", "32",
+              "--threads-per-rank", "1", "--seed", "3", "--log-interval", "5"]
+    run_trainer(tmp_path, "full", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "full")])
+    run_trainer(tmp_path, "a", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "split"), "--steps", "30"])
+    run_trainer(tmp_path, "b", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "split")])
+    full, split = _final_weights(tmp_path / "full"), _final_weights(tmp_path / "split")
+    for name, tensor in full["model"].items():
+        assert torch.allclose(tensor.double(), split["model"][name].double(), atol=1e-6, rtol=0), name
+
+
+def test_resnet50_synthetic_under_srun(tmp_path, slurm_cluster):
+    result, _ = run_trainer(tmp_path, "srun", "srun", 2,
+                            ["--model", "resnet50", "--dataset", "synthetic", "--image-size", "64",
+                             "--batch-size", "4", "--steps", "4", "--synthetic-size", "64",
+                             "--threads-per-rank", "1"], timeout=400)
+    assert result["launcher"] == "slurm" and result["world_size"] == 2
+    assert result["global_step"] == 4
+    assert result["throughput"]["total_images_per_sec"] > 0
+    assert len({r["param_checksum"] for r in result["ranks"]}) == 1
+
+
+def test_resnet50_synthetic_under_horovodrun_gloo(tmp_path):
+    result, _ = run_trainer(tmp_path, "hvdrun", "horovodrun", 2,
+                            ["--model", "resnet50", "--dataset", "synthetic", "--image-size", "64",
+                             "--batch-size", "4", "--steps", "4", "--synthetic-size", "64",
+                             "--threads-per-rank", "1"], timeout=400)
+    assert result["launcher"] == "horovodrun" and result["world_size"] == 2
+    assert result["horovod_build_flags"]["gloo_built"] is True
+    assert result["global_step"] == 4 and result["throughput"]["total_images_per_sec"] > 0
+
+
+def test_imagefolder_of_real_images_trains(tmp_path):
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    root = write_digits_imagefolder(str(tmp_path / "digits-png"), per_class_train=16, per_class_val=5, size=16)
+    result, _ = run_trainer(tmp_path, "folder", "mpirun", 2,
+                            ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", root,
+                             "--image-size", "16", "--epochs", "2", "--batch-size", "16", "--num-workers", "0",
+                             "--threads-per-rank", "1"])
+    assert result["final"]["val_count"] == 50          # 10 classes x 5 images, each counted once
+    assert result["global_step"] == 2 * (160 // 2 // 16)
+    assert 0.0 <= result["final"]["val_acc"] <= 1.0 and result["final"]["train_loss"] > 0
+
+
+def test_fp16_allreduce_and_batches_per_allreduce(tmp_path):
+    result, _ = run_trainer(tmp_path, "opts", "mpirun", 2,
+                            ["--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--batch-size", "16",
+                             "--batches-per-allreduce", "2", "--fp16-allreduce", "--threads-per-rank", "1"])
+    # 1400 samples / 2 ranks / (16 x 2) per step
+    assert result["global_step"] == 21
+    assert result["config"]["global_batch_size"] == 64
+    assert len({r["param_checksum"] for r in result["ranks"]}) == 1
+
+
+def test_adasum(tmp_path):
+    result, _ = run_trainer(tmp_path, "adasum", "mpirun", 2,
+                            ["--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
+                             "--use-adasum", "--threads-per-rank", "1"])
+    assert result["config"]["lr"] == pytest.approx(result["config"]["base_lr"])  # no world-size scaling
+    assert len({r["param_checksum"] for r in result["ranks"]}) == 1
