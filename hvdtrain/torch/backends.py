@@ -33,6 +33,11 @@ def import_horovod_torch():
                              "HOROVOD_WITH_PYTORCH=1: bash scripts/setup.sh); import said: "
                              f"{str(err).splitlines()[0]}") from None
         raise UsageError(f"Horovod is not importable ({err}); run bash scripts/setup.sh") from None
+    if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
+        # horovod.torch imports without its compiled ops (it only prints a warning) and then
+        # lacks init(): say what is wrong instead of an AttributeError.
+        raise UsageError("Horovod is installed without its PyTorch ops (horovod/torch/mpi_lib_v2 is "
+                         "missing; rebuild with HOROVOD_WITH_PYTORCH=1: bash scripts/setup.sh)")
     return hvd
 
 
