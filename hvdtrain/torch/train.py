@@ -9,7 +9,6 @@ backend (Horovod, or DDP for comparison) is chosen once in `Trainer.__init__`.
 """
 from __future__ import annotations
 
-import math
 import os
 import random
 import socket
@@ -26,30 +25,13 @@ from hvdtrain.datasets import check_enough_samples, check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
+from hvdtrain.schedule import lr_factor
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 from hvdtrain.torch import data
 from hvdtrain.torch.backends import make_backend
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
 
 PROG = "hvdtrain.torch"
-
-
-def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
-    """Multiplier of cfg.lr at an optimizer step: warm-up from the one-rank LR (Goyal et al.),
-    then the schedule."""
-    warmup = int(cfg.warmup_epochs * steps_per_epoch)
-    start = cfg.base_lr / cfg.lr if cfg.lr else 1.0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return start + (1 - start) * step / warmup
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        if cfg.lr_schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return 0.1 ** sum(progress >= m for m in (0.3, 0.6, 0.8))  # step
-    return factor
 
 
 def make_optimizer(cfg: TrainConfig, params):
@@ -114,7 +96,7 @@ class Trainer:
         # is a new optimizer object and would drop the state of the one it wraps.
         self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg, self.steps_per_epoch, self.schedule_steps))
+            self.optimizer, lr_factor(cfg, self.steps_per_epoch, self.schedule_steps))
         self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
         if saved is not None:
             self.optimizer.load_state_dict(saved["optimizer"])

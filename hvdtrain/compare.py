@@ -1,0 +1,252 @@
+"""The same workload under Horovod-torch, torch DDP, Horovod-TF and tf.distribute's
+MultiWorkerMirroredStrategy, measured fairly, with a report.
+
+    python -m hvdtrain.compare --workload digits-cnn --np 1,2 --out runs/compare
+    python -m hvdtrain.compare --workload resnet18-synthetic --np 1,2 --repeats 3 --out runs/r18
+    # inside an sbatch allocation the ranks are started with srun, else with mpirun
+
+Fairness: one workload definition (hvdtrain/workloads.py) for every backend; threads per rank
+fixed and recorded; warm-up steps excluded; every rank timed between barriers; backends
+alternated within each repeat (A B C D A B C D ...) and the median over repeats reported.
+Writes compare.json (every measurement + environment), compare.md (the table) and compare.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.results import environment_fingerprint, library_versions, write_json
+from hvdtrain.workloads import WORKLOADS, get_workload
+
+BACKENDS = {
+    "horovod-torch": ["-m", "hvdtrain.torch", "--backend", "horovod"],
+    "ddp": ["-m", "hvdtrain.torch", "--backend", "ddp"],
+    "horovod-tf": ["-m", "hvdtrain.tf", "--backend", "horovod", "--loop", "custom"],
+    "tf-mwms": ["-m", "hvdtrain.tf", "--backend", "mwms", "--loop", "custom"],
+}
+# Pairs that start from the same weights and see the same batches: their losses must agree.
+PARITY_PAIRS = (("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms"))
+
+
+def launcher_prefix(launcher: str, np: int) -> list[str]:
+    if launcher == "srun":
+        return ["srun", "--mpi=pmix", "-n", str(np), "--kill-on-bad-exit=1"]
+    return ["mpirun", "-np", str(np), "--bind-to", "none", "--oversubscribe"]
+
+
+def pick_launcher(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "srun" if os.environ.get("SLURM_JOB_ID") else "mpirun"
+
+
+def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> dict:
+    result_path = os.path.join(out_dir, "runs", f"{tag}.json")
+    log_path = os.path.join(out_dir, "runs", f"{tag}.log")
+    cmd = (launcher_prefix(args.launcher, np) + [sys.executable] + BACKENDS[backend] + workload.trainer_args()
+           + ["--threads-per-rank", str(args.threads_per_rank), "--log-interval", "1", "--result-json", result_path])
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    started = time.time()
+    with open(log_path, "w") as log:
+        try:
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.timeout,
+                                  start_new_session=True)
+            rc = done.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    record = {"backend": backend, "np": np, "tag": tag, "command": cmd, "returncode": rc,
+              "wall_seconds": time.time() - started, "log": log_path}
+    if rc != 0 or not os.path.exists(result_path):
+        with open(log_path) as f:
+            record["error"] = f"{backend} np={np} failed ({rc}); last output:\n" + f.read()[-3000:]
+        return record
+    with open(result_path) as f:
+        result = json.load(f)
+    tp = result.get("throughput") or {}
+    final = result.get("final") or {}
+    record.update(total_images_per_sec=tp.get("total_images_per_sec"),
+                  per_rank_images_per_sec=tp.get("per_rank_images_per_sec"),
+                  val_acc=final.get("val_acc"), val_count=final.get("val_count"),
+                  loss_log=result.get("loss_log"), param_checksums=[r["param_checksum"] for r in result["ranks"]],
+                  threads=[r["threads"] for r in result["ranks"]], launcher=result.get("launcher"),
+                  result_json=result_path)
+    return record
+
+
+def summarize(measurements: list[dict], backends: list[str], nps: list[int]) -> list[dict]:
+    rows = []
+    for backend in backends:
+        base = None
+        for np in nps:
+            ok = [m for m in measurements if m["backend"] == backend and m["np"] == np and "error" not in m]
+            rates = [m["total_images_per_sec"] for m in ok if m.get("total_images_per_sec")]
+            total = statistics.median(rates) if rates else None
+            if np == 1:
+                base = total
+            accs = [m["val_acc"] for m in ok if m.get("val_acc") is not None]
+            rows.append({"backend": backend, "np": np, "repeats": len(ok),
+                         "total_images_per_sec": total,
+                         "images_per_sec_per_rank": total / np if total else None,
+                         "scaling_efficiency": total / (np * base) if total and base else None,
+                         "val_acc": statistics.median(accs) if accs else None,
+                         "weights_equal_across_ranks": all(len(set(m["param_checksums"])) == 1 for m in ok)})
+    return rows
+
+
+def parity(measurements: list[dict], nps: list[int], steps: int, loss_tol: float, acc_tol: float,
+           check_accuracy: bool) -> dict:
+    def first(backend, np):
+        return next((m for m in measurements if m["backend"] == backend and m["np"] == np and "error" not in m), None)
+
+    checks = []
+    for a, b in PARITY_PAIRS:
+        for np in nps:
+            ma, mb = first(a, np), first(b, np)
+            if not ma or not mb:
+                continue
+            la, lb = [x[1] for x in ma["loss_log"][:steps]], [x[1] for x in mb["loss_log"][:steps]]
+            n = min(len(la), len(lb))
+            diff = max(abs(x - y) for x, y in zip(la[:n], lb[:n])) if n else None
+            checks.append({"pair": [a, b], "np": np, "steps_compared": n, "max_abs_loss_diff": diff,
+                           "tolerance": loss_tol, "ok": diff is not None and n == min(steps, len(la), len(lb))
+                           and diff <= loss_tol})
+    if check_accuracy:
+        for np in nps:
+            accs = {m["backend"]: m["val_acc"] for m in measurements
+                    if m["np"] == np and "error" not in m and m.get("val_acc") is not None}
+            if len(accs) > 1:
+                spread = max(accs.values()) - min(accs.values())
+                checks.append({"accuracy": accs, "np": np, "spread": spread, "tolerance": acc_tol,
+                               "ok": spread <= acc_tol})
+    return {"checks": checks, "ok": all(c["ok"] for c in checks)}
+
+
+def _fmt(value, spec):
+    return "n/a" if value is None else format(value, spec)
+
+
+def write_markdown(path: str, report: dict) -> None:
+    lines = [f"# Comparison: workload `{report['workload']['name']}`", "",
+             f"{report['launcher']} launcher, {report['threads_per_rank']} thread(s) per rank, "
+             f"median of {report['repeats']} repeat(s); host {report['environment']['host']} "
+             f"({report['environment']['cpu_count']} CPUs).", "",
+             "| backend | np | total img/s | img/s per rank | scaling efficiency E(N) | final val acc |",
+             "|---|---|---|---|---|---|"]
+    for r in report["summary"]:
+        lines.append(f"| {r['backend']} | {r['np']} | {_fmt(r['total_images_per_sec'], '.2f')} | "
+                     f"{_fmt(r['images_per_sec_per_rank'], '.2f')} | {_fmt(r['scaling_efficiency'], '.3f')} | "
+                     f"{_fmt(r['val_acc'], '.4f')} |")
+    lines += ["", "E(N) = img/s(N) / (N x img/s(1)), per backend.", "", "## Parity", ""]
+    for c in report["parity"]["checks"]:
+        if "pair" in c:
+            lines.append(f"- {c['pair'][0]} vs {c['pair'][1]}, np {c['np']}: max |loss difference| over the first "
+                         f"{c['steps_compared']} steps = {_fmt(c['max_abs_loss_diff'], '.2e')} "
+                         f"(tolerance {c['tolerance']:g}): {'ok' if c['ok'] else 'FAILED'}")
+        else:
+            lines.append(f"- final accuracy at np {c['np']}: spread {c['spread']:.4f} (tolerance {c['tolerance']:g}) "
+                         f"over {c['accuracy']}: {'ok' if c['ok'] else 'FAILED'}")
+    failures = [m for m in report["measurements"] if "error" in m]
+    if failures:
+        lines += ["", "## Failed runs", ""] + [f"- {m['backend']} np {m['np']}: see {m['log']}" for m in failures]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plot(path: str, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
+    for backend in report["backends"]:
+        rows = [r for r in report["summary"] if r["backend"] == backend and r["total_images_per_sec"]]
+        ax_tp.plot([r["np"] for r in rows], [r["total_images_per_sec"] for r in rows], marker="o", label=backend)
+        eff = [r for r in rows if r["scaling_efficiency"]]
+        ax_eff.plot([r["np"] for r in eff], [r["scaling_efficiency"] for r in eff], marker="o", label=backend)
+    ax_tp.set(xlabel="ranks", ylabel="total img/s", title=f"throughput: {report['workload']['name']}")
+    ax_eff.set(xlabel="ranks", ylabel="E(N)", title="scaling efficiency", ylim=(0, 1.1))
+    for ax in (ax_tp, ax_eff):
+        ax.set_xticks(report["nps"])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m hvdtrain.compare", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workload", required=True, help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("--np", default="1,2", help="comma-separated rank counts")
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from: " + ", ".join(BACKENDS))
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads-per-rank", type=int, default=1, help="fixed for every backend and rank count")
+    p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun"))
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed")
+    p.add_argument("--parity-steps", type=int, default=10, help="steps whose losses must agree within a pair")
+    p.add_argument("--loss-tolerance", type=float, default=1e-3)
+    p.add_argument("--accuracy-tolerance", type=float, default=0.01)
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        workload = get_workload(args.workload)
+        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise UsageError(f"unknown backend(s) {', '.join(unknown)}; valid: {', '.join(BACKENDS)}")
+        try:
+            nps = sorted({int(n) for n in args.np.split(",")})
+        except ValueError:
+            raise UsageError(f"--np must be comma-separated integers (got '{args.np}')") from None
+        if args.repeats < 1 or min(nps) < 1:
+            raise UsageError("--repeats and every --np must be >= 1")
+    except UsageError as err:
+        report_and_exit(err, "hvdtrain.compare")
+    args.launcher = pick_launcher(args.launcher)
+    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+
+    measurements = []
+    for repeat in range(args.repeats):
+        for np in nps:
+            for backend in backends:  # alternated: A B C D, then A B C D again
+                tag = f"{backend}-np{np}-r{repeat}"
+                m = run_one(backend, np, args, workload, args.out, tag)
+                m["repeat"] = repeat
+                measurements.append(m)
+                status = m.get("error", "").split("\n")[0] or (
+                    f"{_fmt(m['total_images_per_sec'], '.2f')} img/s, val acc {_fmt(m['val_acc'], '.4f')}")
+                print(f"[compare] {tag}: {status} ({m['wall_seconds']:.0f} s)", flush=True)
+
+    report = {"workload": vars(workload), "backends": backends, "nps": nps, "repeats": args.repeats,
+              "threads_per_rank": args.threads_per_rank, "launcher": args.launcher,
+              "measurements": measurements, "summary": summarize(measurements, backends, nps),
+              "parity": parity(measurements, nps, args.parity_steps, args.loss_tolerance,
+                               args.accuracy_tolerance, workload.purpose == "accuracy"),
+              "versions": library_versions(), "environment": environment_fingerprint()}
+    write_json(os.path.join(args.out, "compare.json"), report)
+    write_markdown(os.path.join(args.out, "compare.md"), report)
+    write_plot(os.path.join(args.out, "compare.png"), report)
+    with open(os.path.join(args.out, "compare.md")) as f:
+        print(f.read())
+    failed = [m for m in measurements if "error" in m]
+    for m in failed:
+        print(f"[compare] FAILED {m['error']}", file=sys.stderr)
+    if failed or not report["parity"]["ok"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
