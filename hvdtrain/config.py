@@ -50,6 +50,9 @@ class TrainConfig:
     warmup_steps: int = 2                # steps excluded from throughput timing
     loop: str = "custom"                 # TF only: fit | custom
     backend: str = "horovod"             # torch: horovod | ddp; tf: horovod | mwms
+    horovod_tuning: str = "auto"         # auto | off: see hvdtrain/tuning.py
+    cycle_time_ms: float | None = None   # HOROVOD_CYCLE_TIME override
+    mpi_yield: str = "auto"              # auto | on | off: OMPI_MCA_mpi_yield_when_idle
     world_size: int = 1                  # filled in by the trainer once the launcher is known
 
     def __post_init__(self):
@@ -139,6 +142,12 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--log-interval", type=int, default=d.log_interval, help="steps between progress reductions")
     p.add_argument("--result-json", default=None, help="write config, throughput, metrics and checksums here")
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
+    p.add_argument("--horovod-tuning", default=d.horovod_tuning, choices=("auto", "off"),
+                   help="auto: set Horovod/Open MPI knobs from the cores per rank (docs/horovod-overhead.md)")
+    p.add_argument("--cycle-time-ms", type=float, default=None,
+                   help="HOROVOD_CYCLE_TIME (default: 5 on CPU or < 4 cores per rank, else Horovod's 1)")
+    p.add_argument("--mpi-yield", default=d.mpi_yield, choices=("auto", "on", "off"),
+                   help="Open MPI yields the core while waiting (auto: on CPU or < 4 cores per rank)")
     if framework == "torch":
         p.add_argument("--num-workers", type=int, default=d.num_workers, help="DataLoader workers per rank")
         p.add_argument("--amp", action="store_true", help="mixed precision on GPU (autocast + GradScaler)")

@@ -12,16 +12,19 @@ import socket
 
 import torch
 
+from hvdtrain import tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.errors import UsageError
 
 
-def make_backend(name: str):
-    if name == "horovod":
-        return HorovodBackend()
-    if name == "ddp":
+def make_backend(cfg, cores_per_rank: int):
+    if cfg.backend == "horovod":
+        on_cpu = not torch.cuda.is_available()
+        return HorovodBackend(tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cores_per_rank,
+                                                      cfg.cycle_time_ms, cfg.mpi_yield))
+    if cfg.backend == "ddp":
         return DDPBackend()
-    raise UsageError(f"unknown backend '{name}'; valid: horovod, ddp")
+    raise UsageError(f"unknown backend '{cfg.backend}'; valid: horovod, ddp")
 
 
 def import_horovod_torch():
@@ -44,8 +47,10 @@ def import_horovod_torch():
 class HorovodBackend:
     name = "horovod"
 
-    def __init__(self):
+    def __init__(self, settings: dict[str, str]):
         self.hvd = hvd = import_horovod_torch()
+        # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
+        self.tuning = tuning.apply(settings)
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
@@ -114,7 +119,8 @@ class HorovodBackend:
     def describe(self) -> dict:
         from hvdtrain.results import horovod_build_flags
 
-        return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd)}
+        return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd),
+                "horovod_tuning": self.tuning}
 
     def shutdown(self):
         self.hvd.shutdown()

@@ -53,7 +53,7 @@ class Trainer:
         env = ClusterEnv.from_environ()
         self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
         torch.set_num_threads(self.threads)
-        self.backend = b = make_backend(cfg.backend)
+        self.backend = b = make_backend(cfg, self.threads)
         self.cfg = cfg = cfg.with_world_size(b.world_size)
         self.rank, self.world_size = b.rank, b.world_size
         self.is_rank0 = b.rank == 0
@@ -158,6 +158,7 @@ class Trainer:
         for rank, host, device, threads in placement:
             self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
         self.reporter.info(f"config: {cfg.to_dict()}")
+        self.reporter.info(f"backend: {self.backend.describe()}")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
         self.placement = placement
