@@ -1,0 +1,45 @@
+"""`python -m hvdtrain.compare` on this CPU: all four backends at 1 and 2 ranks, the three
+report files, and the parity checks (same losses within a pair, same accuracy for all)."""
+import json
+import subprocess
+
+from conftest import PYTHON, REPO, base_env
+
+BACKENDS = ["horovod-torch", "ddp", "horovod-tf", "tf-mwms"]
+
+
+def test_compare_digits_all_backends(tmp_path):
+    out = tmp_path / "cmp"
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--np", "1,2",
+                           "--timeout", "300", "--out", str(out)],
+                          capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=1800)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads((out / "compare.json").read_text())
+    assert (out / "compare.png").stat().st_size > 10_000
+    table = (out / "compare.md").read_text()
+    for backend in BACKENDS:
+        assert f"| {backend} | 1 |" in table and f"| {backend} | 2 |" in table, table
+
+    rows = {(r["backend"], r["np"]): r for r in report["summary"]}
+    for backend in BACKENDS:
+        for np in (1, 2):
+            row = rows[(backend, np)]
+            assert row["total_images_per_sec"] > 0 and row["weights_equal_across_ranks"], row
+            assert row["val_acc"] >= 0.95, row
+        assert rows[(backend, 1)]["scaling_efficiency"] == 1.0
+    # Parity: each pair's losses agree over the first steps; all four accuracies within 1 point.
+    pairs = [c for c in report["parity"]["checks"] if "pair" in c]
+    assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms")}
+    assert all(c["ok"] and c["steps_compared"] == 10 for c in pairs), pairs
+    accs = [c for c in report["parity"]["checks"] if "accuracy" in c]
+    assert len(accs) == 2 and all(c["ok"] and len(c["accuracy"]) == 4 for c in accs), accs
+    # Every measurement records the environment it ran in.
+    assert report["versions"]["horovod"] == "0.28.1" and report["threads_per_rank"] == 1
+    assert all(m["threads"] == [1] * m["np"] for m in report["measurements"])
+
+
+def test_compare_rejects_unknown_workload(tmp_path):
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "gpt5", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
+    assert done.returncode == 2
+    assert "unknown workload 'gpt5'; valid: resnet50-synthetic" in done.stderr

@@ -1,0 +1,45 @@
+"""hvdtrain's Horovod settings: chosen from the resources, never overriding the user's, and
+really in force in a launched trainer."""
+import json
+
+from conftest import PYTHON, base_env, launch
+from hvdtrain.tuning import apply, horovod_settings
+
+
+def test_cpu_ranks_yield_and_cycle_longer():
+    assert horovod_settings("auto", on_cpu=True, cores_per_rank=1) == {
+        "OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "5"}
+
+
+def test_gpu_ranks_with_many_cores_keep_horovod_defaults():
+    assert horovod_settings("auto", on_cpu=False, cores_per_rank=10) == {}
+
+
+def test_gpu_ranks_with_few_cores_are_tuned():
+    assert "OMPI_MCA_mpi_yield_when_idle" in horovod_settings("auto", on_cpu=False, cores_per_rank=2)
+
+
+def test_off_and_explicit_values():
+    assert horovod_settings("off", on_cpu=True, cores_per_rank=1) == {}
+    s = horovod_settings("auto", on_cpu=False, cores_per_rank=16, cycle_time_ms=2.5, mpi_yield="on")
+    assert s == {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "2.5"}
+
+
+def test_user_export_wins(monkeypatch):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "20")
+    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    applied = apply({"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"})
+    assert applied == {"HOROVOD_CYCLE_TIME": "20", "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def test_trainer_records_settings_in_force(tmp_path):
+    result = tmp_path / "r.json"
+    env = base_env()
+    for key in ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle"):
+        env.pop(key, None)
+    launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits",
+                         "--steps", "3", "--threads-per-rank", "1", "--cycle-time-ms", "7",
+                         "--result-json", str(result)], timeout=120, env=env)
+    data = json.loads(result.read_text())
+    assert data["horovod_tuning"] == {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "7"}
+    assert data["environment"]["env"]["HOROVOD_CYCLE_TIME"] == "7"
