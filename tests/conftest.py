@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,12 @@ def launcher_prefix(launcher: str, np: int) -> list[str]:
     if launcher == "single":
         return []
     raise ValueError(launcher)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -77,7 +84,9 @@ def slurm_cluster():
         pytest.fail("Slurm is not installed: run bash scripts/setup.sh")
     slurm_dir = tempfile.mkdtemp(prefix="hvdtrain-slurm-")
     env = base_env()
-    env["HVDTRAIN_SLURM_DIR"] = slurm_dir
+    # Free ports: a cluster a developer started by hand (default ports) may be running too.
+    env.update(HVDTRAIN_SLURM_DIR=slurm_dir, HVDTRAIN_SLURMCTLD_PORT=str(free_port()),
+               HVDTRAIN_SLURMD_PORT=str(free_port()))
     script = os.path.join(REPO, "scripts", "slurm-cluster.sh")
     started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=240)
     if started.returncode != 0:

@@ -3,11 +3,14 @@ report files, and the parity checks (same losses within a pair, same accuracy fo
 import json
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO, base_env
 
 BACKENDS = ["horovod-torch", "ddp", "horovod-tf", "tf-mwms"]
 
 
+@pytest.mark.timeout(1800)
 def test_compare_digits_all_backends(tmp_path):
     out = tmp_path / "cmp"
     done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--np", "1,2",

@@ -1,0 +1,217 @@
+"""`python -m hvdtrain.tf` on 2 real ranks (mpirun, srun): accuracy of both loops, equal weights
+on every rank, resume after an interruption, and one clear line on every rank for bad input.
+
+    python -m pytest -q tests/test_tf_trainer.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON, base_env, launch
+
+TRAIN = [PYTHON, "-m", "hvdtrain.tf"]
+# Digits on 2 ranks: 21 steps of 2 x 32 per epoch, a few seconds an epoch on 2 shared cores.
+DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--base-lr", "0.05", "--warmup-epochs", "1",
+          "--threads-per-rank", "1"]
+
+
+def run_tf(argv, timeout=180, launcher="mpirun", env=None, check=True):
+    return launch(launcher, 2, TRAIN + argv, timeout=timeout, env=env, check=check)
+
+
+def load(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def assert_same_weights_everywhere(result):
+    checksums = [r["param_checksum"] for r in result["ranks"]]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert len(checksums[0]) == 64 and checksums[0] == checksums[1], checksums
+
+
+@pytest.mark.parametrize("loop,keras", [("fit", "tf_keras 2."), ("custom", "keras 3.")])
+def test_loop_reaches_95_percent_on_digits(tmp_path, loop, keras):
+    out = tmp_path / "result.json"
+    started = time.monotonic()
+    run = run_tf(DIGITS + ["--loop", loop, "--epochs", "8", "--result-json", str(out)])
+    result = load(out)
+    assert result["framework"] == "tf" and result["backend"] == "horovod"
+    assert result["keras"].startswith(keras), result["keras"]
+    assert result["world_size"] == 2 and result["launcher"] == "openmpi"
+    assert result["config"]["loop"] == loop and result["config"]["lr"] == pytest.approx(0.1)
+    assert result["global_step"] == 8 * 21 and [h["epoch"] for h in result["history"]] == list(range(1, 9))
+    final = result["final"]
+    assert final["val_count"] == 397, "every validation sample counted exactly once"
+    assert final["val_acc"] >= 0.95, result["history"]
+    assert final["train_loss"] < result["history"][0]["train_loss"]
+    assert_same_weights_everywhere(result)
+    rates = [r["images_per_sec"] for r in result["ranks"]]
+    assert all(rate > 0 for rate in rates) and result["throughput"]["total_images_per_sec"] == pytest.approx(sum(rates))
+    assert result["versions"]["tensorflow"] == "2.21.0" and result["horovod_build_flags"]["mpi_built"]
+    assert "hvdtrain.tf: error" not in run.output and "Traceback" not in run.output
+    print(f"--loop {loop}: val acc {final['val_acc']:.4f} in {time.monotonic() - started:.0f} s")
+
+
+def _signal_rank1_when(ckpt_dir, checkpoint_prefix, fired):
+    """Send SIGUSR1 to rank 1 once a checkpoint named checkpoint_prefix* is in ckpt_dir. Rank 1 is
+    the process of this test (ckpt_dir, unique, in its command line) with OpenMPI rank 1."""
+    deadline = time.monotonic() + 150
+    unique = str(ckpt_dir)
+    while time.monotonic() < deadline:
+        if any(n.startswith(checkpoint_prefix) for n in os.listdir(ckpt_dir)):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = f.read().split(b"\0")
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if (argv[0].endswith(b"python") and unique.encode() in argv
+                        and b"OMPI_COMM_WORLD_RANK=1" in env):
+                    os.kill(int(pid), signal.SIGUSR1)
+                    fired.append(int(pid))
+            return
+        time.sleep(0.1)
+
+
+def test_resume_after_interruption_continues_from_saved_epoch(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    argv = DIGITS + ["--loop", "fit", "--epochs", "12", "--checkpoint-dir", str(ckpt_dir)]
+
+    # 1. Interrupted: SIGUSR1 (Slurm's warning before the time limit) reaches rank 1 only; the
+    #    stop vote makes both ranks stop at the same step, rank 0 checkpoints there.
+    fired: list[int] = []
+    watcher = threading.Thread(target=_signal_rank1_when, args=(ckpt_dir, "ckpt-e0002", fired))
+    watcher.start()
+    first = run_tf(argv + ["--result-json", str(tmp_path / "first.json")])
+    watcher.join()
+    assert fired, "rank 1 was never signalled"
+    r1 = load(tmp_path / "first.json")
+    assert r1["stopped_by"] == "signal on another rank", r1["stopped_by"]  # rank 0's view
+    stop_step, stop_epoch = r1["global_step"], r1["epoch"]
+    # Ranks vote at each reduction: every 10 steps and at the end of an epoch (21 steps).
+    assert 2 * 21 <= stop_step < 12 * 21 and (stop_step % 10 == 0 or stop_step % 21 == 0), stop_step
+    assert f"stopped by signal on another rank at step {stop_step}" in first.output
+    saved = sorted(os.listdir(ckpt_dir))[-1]
+    assert saved == f"ckpt-e{stop_epoch:04d}-s{stop_step:08d}.npz", os.listdir(ckpt_dir)
+
+    # 2. Restarted with --steps at the stop: nothing to train, so the final weights are the
+    #    restored ones, on both ranks: rank 0 loaded them, rank 1 got them by broadcast.
+    second = run_tf(argv + ["--steps", str(stop_step), "--result-json", str(tmp_path / "second.json")])
+    r2 = load(tmp_path / "second.json")
+    assert f"resumed from {ckpt_dir}/{saved} at epoch {stop_epoch}, step {stop_step}" in second.output
+    assert r2["global_step"] == stop_step and r2["loss_log"] == []
+    assert {r["param_checksum"] for r in r2["ranks"]} == {r1["ranks"][0]["param_checksum"]}
+
+    # 3. Restarted to the end: continues from the saved step, not from the start.
+    third = run_tf(argv + ["--result-json", str(tmp_path / "third.json")])
+    r3 = load(tmp_path / "third.json")
+    assert f"resumed from {ckpt_dir}/{saved}" in third.output
+    assert r3["stopped_by"] is None and r3["global_step"] == 12 * 21 and r3["epoch"] == 12
+    assert stop_step < r3["loss_log"][0][0] <= stop_step + 10, r3["loss_log"][:2]
+    assert r3["history"][:len(r1["history"])] == r1["history"], "the history before the stop is kept"
+    assert r3["history"][-1]["epoch"] == 12 and r3["final"]["val_acc"] >= 0.95
+    assert_same_weights_everywhere(r3)
+
+
+def _fake_checkpoint(path, model):
+    """A well-formed checkpoint of another model: the compatibility check must name the field."""
+    meta = {"format_version": 1, "config": {"framework": "tf", "model": model, "dataset": "digits",
+                                            "image_size": 224, "optimizer": "sgd", "num_classes": 10,
+                                            "loop": "custom"},
+            "epoch": 1, "step_in_epoch": 0, "global_step": 21, "history": [], "num_model": 0, "num_optimizer": 0}
+    np.savez(path, meta=np.array(json.dumps(meta)))
+
+
+@pytest.mark.parametrize("case", ["unknown-model", "missing-data-dir", "unreadable-checkpoint", "other-model-checkpoint"])
+def test_bad_input_one_line_on_every_rank(tmp_path, case):
+    argv = ["--model", "mnist_cnn", "--dataset", "digits", "--loop", "custom", "--epochs", "1"]
+    if case == "unknown-model":
+        argv[1], expected = "vgg99", "unknown model 'vgg99'; valid: resnet50, mnist_cnn"
+    elif case == "missing-data-dir":
+        argv[3:4] = ["imagefolder", "--data-dir", str(tmp_path / "nowhere")]
+        expected = f"data dir '{tmp_path / 'nowhere'}' does not exist"
+    else:
+        ckpt = tmp_path / "ckpt-e0001-s00000021.npz"
+        if case == "unreadable-checkpoint":
+            ckpt.write_bytes(b"\x00 this is not a checkpoint")
+            expected = f"checkpoint {ckpt} is unreadable or corrupt"
+        else:
+            _fake_checkpoint(ckpt, "resnet50")
+            expected = f"checkpoint {ckpt} does not match this run: model: checkpoint 'resnet50', this run 'mnist_cnn'"
+        argv += ["--checkpoint-dir", str(tmp_path)]
+    env = base_env()
+    # Let every rank finish by itself instead of mpirun killing the others at the first exit, and
+    # have each rank report its own exit status: the test sees every rank's message and status,
+    # and a rank that hung would hit the timeout.
+    env["OMPI_MCA_orte_abort_on_non_zero_status"] = "0"
+    report_status = ["sh", "-c", '"$@"; status=$?; echo "rank $OMPI_COMM_WORLD_RANK exited $status"', "sh"]
+    run = launch("mpirun", 2, report_status + TRAIN + argv, timeout=120, env=env, check=False)
+    # (Not line by line: mpirun --tag-output can join two ranks' lines.)
+    for rank in (0, 1):
+        assert f"[1,{rank}]<stdout>:rank {rank} exited 2" in run.output, run.output[-3000:]
+        assert run.output.count(f"error [rank {rank}/2]") == 1, run.output[-3000:]
+        assert f"[1,{rank}]<stderr>:hvdtrain.tf: error [rank {rank}/2]: {expected}" in run.output, run.output[-3000:]
+    assert "Traceback" not in run.output
+
+
+def test_bad_input_fails_the_mpirun_job():
+    run = run_tf(["--model", "vgg99", "--dataset", "digits"], timeout=120, check=False)
+    assert run.returncode != 0 and "unknown model 'vgg99'" in run.output, run.output[-3000:]
+
+
+@pytest.mark.parametrize("case", ["keras3-already-bound", "tf-keras-missing"])
+def test_fit_without_keras2_says_why(tmp_path, case):
+    env = base_env()
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    if case == "keras3-already-bound":
+        # Code that touched tf.keras (Keras 3) before hvdtrain could choose Keras 2.
+        argv = [PYTHON, "-c", "import tensorflow as tf; tf.keras.Model; from hvdtrain.tf.cli import main; "
+                "main(['--model', 'mnist_cnn', '--dataset', 'digits', '--loop', 'fit'])"]
+        expected = "but tf.keras was already bound to Keras 3 in this process; set TF_USE_LEGACY_KERAS=1"
+    else:
+        hidden = tmp_path / "tf_keras"
+        hidden.mkdir()
+        (hidden / "__init__.py").write_text("raise ImportError('No module named tf_keras')\n")
+        env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+        argv = TRAIN + ["--model", "mnist_cnn", "--dataset", "digits", "--loop", "fit"]
+        expected = "TensorFlow's Keras 2 package tf-keras is not importable"
+    run = launch("single", 1, argv, timeout=120, env=env, check=False)
+    assert run.returncode == 2, run.output[-3000:]
+    errors = [line for line in run.output.splitlines() if line.startswith("hvdtrain.tf: error [rank 0/1]: ")]
+    assert len(errors) == 1 and "--loop fit needs Keras 2 because Horovod 0.28.1's Keras layer" in errors[0]
+    assert expected in errors[0], errors[0]
+    assert "AttributeError" not in run.output and "Traceback" not in run.output
+
+
+def test_lr_schedule_warmup_then_cosine():
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.schedule import lr_factor
+
+    cfg = TrainConfig(world_size=2, base_lr=0.05, warmup_epochs=1, lr_schedule="cosine")
+    f = lr_factor(cfg, steps_per_epoch=10, total_steps=110)
+    assert [f(s) for s in (0, 5, 10)] == pytest.approx([0.5, 0.75, 1.0])  # from the one-rank LR
+    assert f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_srun_two_tasks_runs_the_tf_trainer(slurm_cluster, tmp_path):
+    out = tmp_path / "srun.json"
+    run = run_tf(["--model", "mnist_cnn", "--dataset", "digits", "--loop", "fit", "--steps", "12",
+                  "--log-interval", "4", "--result-json", str(out)], launcher="srun", timeout=240)
+    result = load(out)
+    assert result["launcher"] == "slurm" and result["world_size"] == 2
+    assert result["environment"]["env"].get("SLURM_JOB_ID"), "ran inside a Slurm job"
+    assert result["global_step"] == 12 and [step for step, _ in result["loss_log"]] == [4, 8, 12]
+    assert_same_weights_everywhere(result)
+    assert all(r["images_per_sec"] > 0 for r in result["ranks"])
+    assert "0: [" in run.output and "hvdtrain.tf: horovod on 2 rank(s) via slurm" in run.output
