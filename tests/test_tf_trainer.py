@@ -41,7 +41,8 @@ def assert_same_weights_everywhere(result):
 def test_loop_reaches_95_percent_on_digits(tmp_path, loop, keras):
     out = tmp_path / "result.json"
     started = time.monotonic()
-    run = run_tf(DIGITS + ["--loop", loop, "--epochs", "8", "--result-json", str(out)])
+    tb = tmp_path / "tb"
+    run = run_tf(DIGITS + ["--loop", loop, "--epochs", "8", "--result-json", str(out), "--log-dir", str(tb)])
     result = load(out)
     assert result["framework"] == "tf" and result["backend"] == "horovod"
     assert result["keras"].startswith(keras), result["keras"]
@@ -57,6 +58,8 @@ def test_loop_reaches_95_percent_on_digits(tmp_path, loop, keras):
     assert all(rate > 0 for rate in rates) and result["throughput"]["total_images_per_sec"] == pytest.approx(sum(rates))
     assert result["versions"]["tensorflow"] == "2.21.0" and result["horovod_build_flags"]["mpi_built"]
     assert "hvdtrain.tf: error" not in run.output and "Traceback" not in run.output
+    events = [n for n in os.listdir(tb) if n.startswith("events.out.tfevents.")]
+    assert len(events) == 1 and os.path.getsize(tb / events[0]) > 1000, "TensorBoard scalars, from rank 0 only"
     print(f"--loop {loop}: val acc {final['val_acc']:.4f} in {time.monotonic() - started:.0f} s")
 
 
@@ -137,7 +140,7 @@ def _fake_checkpoint(path, model):
 def test_bad_input_one_line_on_every_rank(tmp_path, case):
     argv = ["--model", "mnist_cnn", "--dataset", "digits", "--loop", "custom", "--epochs", "1"]
     if case == "unknown-model":
-        argv[1], expected = "vgg99", "unknown model 'vgg99'; valid: resnet50, mnist_cnn"
+        argv[1], expected = "vgg99", "unknown model 'vgg99'; valid: resnet50, resnet18, mnist_cnn"
     elif case == "missing-data-dir":
         argv[3:4] = ["imagefolder", "--data-dir", str(tmp_path / "nowhere")]
         expected = f"data dir '{tmp_path / 'nowhere'}' does not exist"

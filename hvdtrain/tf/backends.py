@@ -1,0 +1,155 @@
+"""Data-parallel backends for the TF trainer. Horovod is the product; a tf.distribute
+MultiWorkerMirroredStrategy backend for comparison will answer the same questions:
+
+who am I (rank, local_rank, world_size); wrap a GradientTape (custom loop) or a Keras optimizer
+plus its callbacks (fit loop); broadcast variables from rank 0; sum a metric over ranks; agree on
+an object; barrier; shut down. Nothing outside this module branches on the backend's name.
+
+    backend = make_backend("horovod")
+    tape = backend.distributed_tape(tape)          # gradients averaged over ranks
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.errors import UsageError
+
+
+def make_backend(name: str):
+    if name == "horovod":
+        return HorovodBackend()
+    if name == "mwms":
+        raise UsageError("--backend mwms (tf.distribute MultiWorkerMirroredStrategy) is not "
+                         "implemented yet; use --backend horovod")
+    raise UsageError(f"unknown backend '{name}'; valid: horovod, mwms")
+
+
+def import_horovod_tf():
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as err:
+        if "has not been built" in str(err) or "mpi_lib" in str(err):
+            raise UsageError("Horovod is installed without its TensorFlow ops (rebuild with "
+                             "HOROVOD_WITH_TENSORFLOW=1: bash scripts/setup.sh); import said: "
+                             f"{str(err).splitlines()[0]}") from None
+        raise UsageError(f"Horovod is not importable ({err}); run bash scripts/setup.sh") from None
+    return hvd
+
+
+def tf_variable(v) -> tf.Variable:
+    """The tf.Variable behind a Keras 3 variable (tf_keras' variables are tf.Variables already).
+    Horovod's broadcast_variables assigns inside a tf.function, where a Keras 3 variable would
+    arrive as a plain tensor."""
+    return v if isinstance(v, tf.Variable) else v.value
+
+
+def pin_gpu(local_rank: int) -> str:
+    """One GPU per rank (ranks of a node take GPUs 0..local_size-1); "cpu" where there is none.
+    Must run before TensorFlow initialises its devices."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "cpu"
+    gpu = gpus[local_rank % len(gpus)]
+    tf.config.set_visible_devices(gpu, "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)  # do not take the whole GPU up front
+    return gpu.name
+
+
+class HorovodBackend:
+    name = "horovod"
+
+    def __init__(self):
+        self.hvd = hvd = import_horovod_tf()
+        hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
+        self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
+        self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
+        self.device = pin_gpu(self.local_rank)
+
+
+    def _reduce_options(self, cfg) -> dict:
+        hvd = self.hvd
+        return {"compression": hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+                "op": hvd.Adasum if cfg.use_adasum else hvd.Average}
+
+    # Custom loop ---------------------------------------------------------------------------
+    def distributed_tape(self, tape, cfg):
+        # Horovod: tape.gradient() returns the gradients allreduced (averaged) over ranks.
+        return self.hvd.DistributedGradientTape(tape, **self._reduce_options(cfg))
+
+    # Keras fit loop ------------------------------------------------------------------------
+    def keras_optimizer(self, optimizer, cfg):
+        from hvdtrain.tf.keras_compat import import_horovod_keras
+
+        hvd_keras = import_horovod_keras()
+        # Horovod: allreduce gradients inside the optimizer's compute-gradients step.
+        return hvd_keras.DistributedOptimizer(optimizer, **self._reduce_options(cfg))
+
+    def fit_callbacks(self) -> list:
+        """Callbacks that go first in model.fit's list, in this order."""
+        from hvdtrain.tf.keras_compat import import_horovod_keras
+
+        callbacks = import_horovod_keras().callbacks
+        return [
+            # Horovod: copy rank 0's variables (and optimizer slots) to every rank after the
+            # first batch. The trainer broadcasts once before fit already (see Trainer._restore);
+            # this keeps variables Keras creates lazily in the first step in sync too.
+            callbacks.BroadcastGlobalVariablesCallback(0),
+            # Horovod: average the epoch's logged metrics over ranks, before other callbacks read them.
+            callbacks.MetricAverageCallback(),
+        ]
+
+    def lr_warmup_callback(self, initial_lr: float, warmup_epochs: int, steps_per_epoch: int):
+        from hvdtrain.tf.keras_compat import import_horovod_keras
+
+        # Horovod: ramp the LR from initial_lr / size to initial_lr over the first epochs.
+        return import_horovod_keras().callbacks.LearningRateWarmupCallback(
+            initial_lr=initial_lr, warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch)
+
+    def lr_schedule_callback(self, initial_lr: float, multiplier, start_epoch: int, steps_per_epoch: int):
+        from hvdtrain.tf.keras_compat import import_horovod_keras
+
+        return import_horovod_keras().callbacks.LearningRateScheduleCallback(
+            initial_lr=initial_lr, multiplier=multiplier, start_epoch=start_epoch, staircase=False,
+            momentum_correction=False, steps_per_epoch=steps_per_epoch)
+
+    # State and metrics ---------------------------------------------------------------------
+    def broadcast_variables(self, variables):
+        if variables:
+            # Horovod: every rank takes rank 0's values.
+            self.hvd.broadcast_variables([tf_variable(v) for v in variables], root_rank=0)
+
+    def average_variables(self, variables):
+        """BatchNorm moving statistics are per rank under Horovod, which reduces gradients only:
+        average them before evaluation and checkpoints."""
+        variables = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+        if variables:
+            averaged = self.hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables],
+                                                  op=self.hvd.Average, name="hvdtrain.buffers")
+            for v, avg in zip(variables, averaged):
+                v.assign(avg)
+
+    # Eager collectives are matched across ranks by name: every rank calls them in the same
+    # order, each under a name that says what it is for.
+    def allreduce_sum(self, values, name: str) -> np.ndarray:
+        tensor = tf.constant(np.asarray(values, dtype=np.float64))
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=f"hvdtrain.{name}").numpy()
+
+    def broadcast_object(self, obj, name: str):
+        return self.hvd.broadcast_object(obj, root_rank=0, name=f"hvdtrain.{name}")
+
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=f"hvdtrain.{name}")
+
+    def barrier(self):
+        # horovod.tensorflow has no barrier(): a blocking allreduce returns only when every rank
+        # has joined it.
+        self.allreduce_sum([0.0], "barrier")
+
+    def describe(self) -> dict:
+        from hvdtrain.results import horovod_build_flags
+
+        return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd)}
+
+    def shutdown(self):
+        self.hvd.shutdown()

@@ -1,0 +1,114 @@
+"""tf.data pipelines built from hvdtrain.datasets: the same samples and split as the torch
+trainer, images channels-last. No distributed code here: rank and world size are plain numbers.
+
+    data = build_data(cfg)
+    for x, y in data.train(epoch=0, skip_steps=0, rank=0, world_size=2, steps=10): ...
+
+Training: each epoch one permutation of all samples, the same on every rank (seeded by seed and
+epoch), cut with `Dataset.shard` so that each rank takes every world_size-th index; every rank
+runs the same number of full batches (a collective would hang otherwise). Resuming mid-epoch
+skips the batches already trained. Validation: `datasets.exact_shard`, every sample on exactly
+one rank, no padding; the last batch may be short.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain import datasets
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass
+class TFData:
+    """Sample i of a split: load(i). For arrays, images come from a pool indexed i % len(pool)."""
+    train_size: int
+    val_size: int
+    in_channels: int
+    num_classes: int
+    image_size: int
+    load_train: object    # batch of indices -> (images, labels), or one index for files
+    load_val: object
+    per_sample: bool      # files are decoded one by one; arrays are gathered a batch at a time
+
+    def train(self, epoch: int, skip_steps: int, rank: int, world_size: int, steps: int,
+              batch_size: int, seed: int) -> tf.data.Dataset:
+        order = np.random.default_rng([seed, epoch]).permutation(self.train_size)
+        ds = tf.data.Dataset.from_tensor_slices(order).shard(world_size, rank)
+        ds = ds.take(steps * batch_size).skip(skip_steps * batch_size)
+        return self._load(ds, self.load_train, batch_size, drop_remainder=True)
+
+    def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
+        shard = np.array(datasets.exact_shard(self.val_size, rank, world_size), dtype=np.int64)
+        return self._load(tf.data.Dataset.from_tensor_slices(shard), self.load_val, batch_size,
+                          drop_remainder=False)
+
+    def _load(self, ds, load, batch_size, drop_remainder):
+        if self.per_sample:
+            ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=drop_remainder)
+        else:
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(load)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def build_data(cfg) -> TFData:
+    if cfg.dataset == "imagefolder":
+        return _imagefolder(cfg)
+    if cfg.dataset == "digits":
+        split = datasets.digits_split()
+    else:
+        split = datasets.synthetic_split(cfg.synthetic_size, cfg.image_size, seed=cfg.seed)
+    return TFData(len(split.y_train), len(split.y_val), split.in_channels, split.num_classes,
+                  split.image_size, _array_loader(split.x_train, split.y_train),
+                  _array_loader(split.x_val, split.y_val), per_sample=False)
+
+
+def _array_loader(x_nchw: np.ndarray, y: np.ndarray):
+    x = tf.constant(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)))  # NCHW -> NHWC
+    labels = tf.constant(y)
+    pool = len(x_nchw)
+
+    def load(idx):
+        return tf.gather(x, idx % pool), tf.gather(labels, idx)
+    return load
+
+
+def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
+    paths, labels = [], []
+    for label, cls in enumerate(classes):
+        for name in sorted(os.listdir(os.path.join(root, cls))):
+            if name.lower().endswith(datasets.IMAGE_EXTENSIONS):
+                paths.append(os.path.join(root, cls, name))
+                labels.append(label)
+    return paths, labels
+
+
+def _imagefolder(cfg) -> TFData:
+    classes = datasets.check_imagefolder(cfg.data_dir)
+    size = cfg.image_size
+    mean, std = tf.constant(IMAGENET_MEAN), tf.constant(IMAGENET_STD)
+
+    def loader(root: str, train: bool):
+        paths, labels = _list_files(root, classes)
+        paths_t, labels_t = tf.constant(paths), tf.constant(labels, dtype=tf.int64)
+
+        def load(i):
+            image = tf.io.decode_image(tf.io.read_file(paths_t[i]), channels=3, expand_animations=False)
+            image = tf.image.convert_image_dtype(image, tf.float32)
+            # Resize to 1.14 x size, then crop: random (+flip) for training,
+            # central for validation, as the torch trainer does.
+            image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
+            if train:
+                image = tf.image.random_flip_left_right(tf.image.random_crop(image, [size, size, 3]))
+            else:
+                image = tf.image.resize_with_crop_or_pad(image, size, size)
+            return (image - mean) / std, labels_t[i]
+        return len(paths), load
+
+    n_train, load_train = loader(os.path.join(cfg.data_dir, "train"), True)
+    n_val, load_val = loader(os.path.join(cfg.data_dir, "val"), False)
+    return TFData(n_train, n_val, 3, len(classes), size, load_train, load_val, per_sample=True)

@@ -1,0 +1,189 @@
+"""The two ways hvdtrain.tf trains one epoch: a GradientTape loop and Keras `model.fit`.
+
+Both make the optimizer for their Keras, run the steps the trainer asks for, and report each
+step to the trainer (`trainer.before_step()`, `trainer.after_step(stats)` -> stop?), which
+times, logs and reduces metrics the same way for both. Weight decay is an L2 term in the loss
+(gradient `weight_decay * w`, as torch's SGD/Adam `weight_decay`), except for AdamW.
+
+    loop = make_loop(cfg, keras, model, backend, trainer)
+    loop.run_epoch(dataset, epoch, steps, start_step)   # start_step: where in the epoch it resumes
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.errors import UsageError
+from hvdtrain.schedule import lr_factor
+from hvdtrain.tf.backends import tf_variable
+
+
+def make_loop(cfg, keras, model, backend, trainer):
+    return (FitLoop if cfg.loop == "fit" else CustomLoop)(cfg, keras, model, backend, trainer)
+
+
+def l2_penalty(variables, weight_decay: float):
+    return weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in variables])  # l2_loss = sum(v**2) / 2
+
+
+def step_stats(labels, logits):
+    """(sum of cross-entropy, correct, count) of a batch, float64: metrics reduce as sums."""
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float64))
+    n = tf.cast(tf.shape(labels)[0], tf.float64)
+    return tf.stack([tf.reduce_sum(tf.cast(ce, tf.float64)), correct, n]), tf.reduce_mean(ce)
+
+
+class CustomLoop:
+    """A tf.function step with Horovod's DistributedGradientTape, on the current Keras (3)."""
+
+    def __init__(self, cfg, keras, model, backend, trainer):
+        self.cfg, self.model, self.backend, self.trainer = cfg, model, backend, trainer
+        opt = keras.optimizers
+        if cfg.optimizer == "sgd":
+            self.optimizer = opt.SGD(learning_rate=cfg.lr, momentum=cfg.momentum)
+        elif cfg.optimizer == "adam":
+            self.optimizer = opt.Adam(learning_rate=cfg.lr)
+        else:
+            self.optimizer = opt.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
+        # Slots now, not in the first step: resume and broadcast need them before training.
+        self.optimizer.build(model.trainable_variables)
+        self.factor = lr_factor(cfg, trainer.steps_per_epoch, trainer.schedule_steps)
+        decay = cfg.weight_decay if cfg.optimizer != "adamw" else 0.0
+        # Horovod's tape keys gradients by Variable.ref(), which Keras 3 variables lack: ask for
+        # the gradients of the tf.Variables behind them.
+        sources = [tf_variable(v) for v in model.trainable_variables]
+
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                stats, loss = step_stats(y, logits)
+                if decay:
+                    loss += l2_penalty(model.trainable_variables, decay)
+            # Horovod: the tape's gradients come back averaged over ranks.
+            tape = backend.distributed_tape(tape, cfg)
+            grads = tape.gradient(loss, sources)
+            self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return stats
+        self.train_step = train_step
+
+    def optimizer_variables(self) -> list:
+        return list(self.optimizer.variables)
+
+    def run_epoch(self, dataset, epoch: int, steps: int, start_step: int) -> None:
+        for i, (x, y) in enumerate(dataset):
+            if i == steps:
+                break
+            self.trainer.before_step()
+            self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.global_step)
+            if self.trainer.after_step(self.train_step(x, y).numpy()):
+                break
+
+
+class FitLoop:
+    """Keras 2 (tf_keras) `model.fit` with horovod.tensorflow.keras, one fit call per epoch."""
+
+    def __init__(self, cfg, keras, model, backend, trainer):
+        self.cfg, self.model, self.trainer = cfg, model, trainer
+        if cfg.optimizer == "adamw":
+            raise UsageError("--loop fit uses tf-keras's legacy optimizers (Horovod's LR callbacks need "
+                             "them), which have no AdamW; use --optimizer sgd|adam or --loop custom")
+        if cfg.warmup_epochs != int(cfg.warmup_epochs):
+            raise UsageError("--loop fit warms up over whole epochs (Horovod's LearningRateWarmupCallback); "
+                             f"got --warmup-epochs {cfg.warmup_epochs:g}")
+        legacy = keras.optimizers.legacy
+        base = (legacy.SGD(learning_rate=cfg.lr, momentum=cfg.momentum) if cfg.optimizer == "sgd"
+                else legacy.Adam(learning_rate=cfg.lr))
+        self.optimizer = backend.keras_optimizer(base, cfg)
+        # Slots now, not in the first step: resume and broadcast need them before training.
+        self.optimizer._create_all_weights(model.trainable_variables)
+        if cfg.weight_decay:
+            model.add_loss(lambda: l2_penalty(model.trainable_variables, cfg.weight_decay))
+        model.compile(optimizer=self.optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc"),
+                               keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
+        self.lr_callbacks = self._lr_callbacks(keras, backend)
+        self.callbacks = backend.fit_callbacks() + self.lr_callbacks
+        self.progress = _Progress(keras, trainer, cfg.batch_size)
+
+    def _lr_callbacks(self, keras, backend) -> list:
+        cfg, spe = self.cfg, self.trainer.steps_per_epoch
+        warmup = int(cfg.warmup_epochs)
+        callbacks = []
+        if warmup:
+            callbacks.append(backend.lr_warmup_callback(cfg.lr, warmup, spe))
+        if cfg.lr_schedule != "constant":
+            factor = lr_factor(cfg, spe, self.trainer.schedule_steps)
+            callbacks.append(backend.lr_schedule_callback(cfg.lr, lambda e: factor(round(e * spe)), warmup, spe))
+        # Horovod's LR callbacks place a batch at epoch + batch / steps_per_epoch; a fit call
+        # that resumes in the middle of an epoch counts its batches from 0.
+        return [_ShiftBatches(keras, cb) for cb in callbacks]
+
+    def optimizer_variables(self) -> list:
+        return list(self.optimizer.variables())
+
+    def run_epoch(self, dataset, epoch: int, steps: int, start_step: int) -> None:
+        for cb in self.lr_callbacks:
+            cb.shift = start_step
+        self.model.fit(dataset, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps,
+                       callbacks=self.callbacks + [self.progress], verbose=0)
+
+
+# The two callbacks below subclass the Callback of the Keras that fit runs on (tf_keras), which
+# is known only at run time: hence a function that makes the class.
+def _ShiftBatches(keras, inner):
+    """A callback that forwards to `inner`, passing its batch hooks `batch + shift`."""
+
+    class ShiftBatches(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.shift = inner, 0
+
+        def set_model(self, model):
+            super().set_model(model)
+            inner.set_model(model)
+
+        def set_params(self, params):
+            super().set_params(params)
+            inner.set_params(params)
+
+        def on_train_begin(self, logs=None):
+            inner.on_train_begin(logs)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            inner.on_epoch_begin(epoch, logs)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            inner.on_train_batch_begin(batch + self.shift, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            inner.on_train_batch_end(batch + self.shift, logs)
+
+        def on_epoch_end(self, epoch, logs=None):
+            inner.on_epoch_end(epoch, logs)
+
+    return ShiftBatches()
+
+
+def _Progress(keras, trainer, batch_size: int):
+    """Reports each fit step to the trainer with its (ce sum, correct, count), recovered from
+    Keras' running means, and stops fit when the trainer says so."""
+
+    class Progress(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen = np.zeros(3)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            trainer.before_step()
+
+        def on_train_batch_end(self, batch, logs=None):
+            n = (batch + 1) * batch_size  # fit's batches are full: drop_remainder
+            cumulative = np.array([logs["ce"] * n, logs["acc"] * n, n], dtype=np.float64)
+            stats, self.seen = cumulative - self.seen, cumulative
+            if trainer.after_step(stats):
+                self.model.stop_training = True
+
+    return Progress()
+

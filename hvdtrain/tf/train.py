@@ -1,0 +1,305 @@
+"""Horovod data-parallel training of Keras models on TensorFlow 2.21, with `model.fit` or with a
+GradientTape loop.
+
+    mpirun -np 2 python -m hvdtrain.tf --model mnist_cnn --dataset digits --loop custom --epochs 8
+    mpirun -np 2 python -m hvdtrain.tf --model mnist_cnn --dataset digits --loop fit --epochs 8
+    srun --mpi=pmix -n 2 python -m hvdtrain.tf --model resnet50 --dataset synthetic --image-size 64 --steps 20
+
+Every rank runs this file; rank 0 alone logs, writes checkpoints and the result file. The
+command line, checkpoint policy and result file are those of hvdtrain.torch. Import this module
+only after `keras_compat.select()` (main() does it): it imports tensorflow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import zipfile
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.cluster import ClusterEnv
+from hvdtrain.config import TrainConfig
+from hvdtrain.datasets import check_enough_samples
+from hvdtrain.errors import UsageError
+from hvdtrain.report import Rank0Reporter
+from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
+from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.tf.backends import make_backend
+from hvdtrain.tf.data import build_data
+from hvdtrain.tf.loops import make_loop, step_stats
+from hvdtrain.tf.models import build_model
+
+PROG = "hvdtrain.tf"
+
+
+class TFSummaryWriter:
+    """TensorBoard scalars through tf.summary, in the writer shape Rank0Reporter expects."""
+
+    def __init__(self, log_dir: str):
+        self._writer = tf.summary.create_file_writer(log_dir)
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        with self._writer.as_default():
+            tf.summary.scalar(name, value, step=step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def set_threads(threads: int) -> None:
+    # Must happen before TensorFlow runs its first op. TensorFlow's default is one thread per core
+    # of the machine for each pool, in every rank: N ranks on a node would oversubscribe it N times.
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, keras):
+        env = ClusterEnv.from_environ()
+        self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
+        set_threads(self.threads)
+        self.backend = b = make_backend(cfg.backend)
+        self.cfg = cfg = cfg.with_world_size(b.world_size)
+        self.rank, self.world_size = b.rank, b.world_size
+        self.is_rank0 = b.rank == 0
+        self.keras = keras
+        self.reporter = Rank0Reporter(self.is_rank0, None, PROG)
+        self.stop = StopRequest()
+        if cfg.batches_per_allreduce != 1:
+            raise UsageError("--batches-per-allreduce > 1 is not supported by hvdtrain.tf yet")
+        if cfg.resume and not cfg.checkpoint_dir:
+            raise UsageError("--resume needs --checkpoint-dir")
+
+        self.data = d = build_data(cfg)
+        check_enough_samples(d.val_size, self.world_size, "the validation set")
+        check_enough_samples(d.train_size, self.world_size, "the training set")
+        self.steps_per_epoch = (d.train_size // self.world_size) // cfg.batch_size
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"each of the {self.world_size} ranks gets {d.train_size // self.world_size} "
+                             f"training samples, fewer than one --batch-size ({cfg.batch_size})")
+        # The schedule spans all epochs; --steps only stops early (as in hvdtrain.torch).
+        self.schedule_steps = cfg.epochs * self.steps_per_epoch
+        self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
+
+        # A different seed on every rank on purpose: the broadcast below makes the weights equal,
+        # and dropout draws differ per rank.
+        keras.utils.set_random_seed(cfg.seed + self.rank)
+        self.model = build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
+        self.loop = make_loop(cfg, keras, self.model, b, self)
+        self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
+        self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
+        resumed_from = self._restore()
+        # Horovod: every rank starts from rank 0's weights and optimizer state. Horovod's examples
+        # broadcast after the first step, when the optimizer has made its slots; here they exist
+        # already, and broadcasting first keeps a resumed run's first step on the loaded weights.
+        b.broadcast_variables(self.model.weights + self.loop.optimizer_variables())
+        if cfg.log_dir and self.is_rank0:
+            self.reporter = Rank0Reporter(True, cfg.log_dir, PROG, writer_factory=TFSummaryWriter)
+        self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False))[0],
+                                      reduce_retracing=True)
+        self._log_start(env, resumed_from)
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _checkpoint_config(self) -> dict:
+        return {**self.cfg.to_dict(), "num_classes": self.data.num_classes}
+
+    def _restore(self) -> str | None:
+        """Rank 0 loads the newest checkpoint; every rank learns the outcome, and fails together."""
+        status = {"error": None, "path": None, "position": None}
+        if self.is_rank0 and self.cfg.checkpoint_dir:
+            path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
+            if path is not None:
+                try:
+                    status.update(path=path, position=self._load(path))
+                except UsageError as err:
+                    status["error"] = str(err)
+                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
+                    status["error"] = f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err})"
+        status = self.backend.broadcast_object(status, "restore_status")
+        if status["error"]:
+            raise UsageError(status["error"])
+        if status["position"] is not None:
+            self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
+        return status["path"]
+
+    def _load(self, path: str):
+        if not zipfile.is_zipfile(path):
+            raise ValueError("not an .npz archive")
+        with np.load(path, allow_pickle=False) as saved:
+            meta = json.loads(str(saved["meta"]))
+            current = self._checkpoint_config()
+            diffs = ckpt.incompatibilities({**meta["config"], "format_version": meta["format_version"]}, current)
+            if meta["config"].get("loop") != current["loop"]:
+                # fit (tf_keras legacy optimizer) and custom (Keras 3 optimizer) keep different slots.
+                diffs.append(f"loop: checkpoint {meta['config'].get('loop')!r}, this run {current['loop']!r}")
+            if diffs:
+                raise UsageError(f"checkpoint {path} does not match this run: " + "; ".join(diffs))
+            for prefix, variables in (("model", self.model.weights),
+                                      ("optimizer", self.loop.optimizer_variables())):
+                arrays = [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
+                if len(arrays) != len(variables):
+                    raise ValueError(f"{len(arrays)} {prefix} arrays for {len(variables)} variables")
+                for var, value in zip(variables, arrays):
+                    if tuple(var.shape) != value.shape:
+                        raise ValueError(f"{prefix} variable {var.name}: shape {tuple(var.shape)} != saved {value.shape}")
+                    var.assign(value)
+        return meta["epoch"], meta["step_in_epoch"], meta["global_step"], meta["history"]
+
+    def _log_start(self, env: ClusterEnv, resumed_from: str | None):
+        placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.backend.device,
+                                                   self.threads), "placement")
+        cfg = self.cfg
+        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {env.launcher}; "
+                           f"--loop {cfg.loop} on {self.keras.__name__} {self.keras.__version__}; "
+                           f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
+                           f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
+        for rank, host, device, threads in placement:
+            self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
+        self.reporter.info(f"config: {cfg.to_dict()}")
+        if resumed_from:
+            self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict:
+        cfg = self.cfg
+        self.timed_seconds, self.timed_samples = 0.0, 0
+        self.loss_log = []
+        stopped_by = None
+        while self.epoch < cfg.epochs and self.global_step < self.total_steps:
+            train_metrics, stopped_by = self._train_epoch()
+            val_metrics = self._validate()
+            epoch_done = self.step_in_epoch >= self.steps_per_epoch
+            record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
+                      "global_step": self.global_step, **train_metrics, **val_metrics}
+            self.history.append(record)
+            rate = self.timed_samples / self.timed_seconds if self.timed_seconds else float("nan")
+            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
+                               f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
+                               f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
+                               f"{rate * self.world_size:.1f} img/s")
+            self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
+                                                     "val/acc": val_metrics["val_acc"]})
+            if epoch_done:
+                self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self._save_checkpoint()
+            if stopped_by:
+                break
+        return self._finish(stopped_by)
+
+    def _train_epoch(self):
+        cfg = self.cfg
+        steps = min(self.steps_per_epoch - self.step_in_epoch, self.total_steps - self.global_step)
+        dataset = self.data.train(self.epoch, self.step_in_epoch, self.rank, self.world_size,
+                                  self.steps_per_epoch, cfg.batch_size, cfg.seed)
+        self._window = np.zeros(3)      # ce sum, correct, count since the last reduction
+        self._totals = np.zeros(3)
+        self._stop_votes, self._timing, self._timed_steps = 0.0, False, 0
+        self._last_step = self.global_step + steps
+        self._bar = self.reporter.progress(steps, f"epoch {self.epoch + 1}/{cfg.epochs}")
+        self.loop.run_epoch(dataset, self.epoch, steps, self.step_in_epoch)
+        self._bar.close()
+        if self._timing:
+            self.backend.barrier()
+            self.timed_seconds += time.perf_counter() - self._t0
+            self.timed_samples += self._timed_steps * cfg.batch_size
+        stopped_by = (self.stop.signal_name or "signal on another rank") if self._stop_votes > 0 else None
+        count = max(1.0, self._totals[2])
+        return {"train_loss": self._totals[0] / count, "train_acc": self._totals[1] / count}, stopped_by
+
+    def before_step(self) -> None:
+        """Called by the loop before each step: starts the clock once the warm-up steps are done."""
+        if not self._timing and self._steps_run >= self.cfg.warmup_steps:
+            self.backend.barrier()  # every rank starts the clock together: no rank-0-only timing
+            self._timing, self._t0 = True, time.perf_counter()
+
+    def after_step(self, stats: np.ndarray) -> bool:
+        """Called by the loop after each step with its (ce sum, correct, count); True: stop now."""
+        self.global_step += 1
+        self.step_in_epoch += 1
+        self._steps_run += 1
+        self._timed_steps += self._timing
+        self._window += stats
+        self._bar.update(1)
+        if self.global_step % self.cfg.log_interval and self.global_step != self._last_step:
+            return False
+        # One allreduce for the metrics and the stop vote: every rank stops at the same step.
+        reduced = self.backend.allreduce_sum([*self._window, float(self.stop.requested)], "train_window")
+        self._totals += reduced[:3]
+        self._window[:] = 0
+        interval_loss = reduced[0] / max(1.0, reduced[2])
+        self.loss_log.append([self.global_step, interval_loss])
+        self.reporter.scalars(self.global_step, {"train/loss": interval_loss,
+                                                 "train/lr": float(self._current_lr())})
+        self._bar.set_postfix(loss=f"{interval_loss:.4f}")
+        self._stop_votes = reduced[3]
+        return self._stop_votes > 0
+
+    def _current_lr(self) -> float:
+        lr = self.loop.optimizer.learning_rate
+        return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+
+    def _validate(self) -> dict:
+        self.backend.average_variables(self.model.non_trainable_weights)  # one set of BatchNorm statistics
+        sums = np.zeros(3)
+        for x, y in self.data.val(self.rank, self.world_size, self.cfg.batch_size):
+            sums += self._eval_step(x, y).numpy()
+        total = self.backend.allreduce_sum(sums, "val_sums")
+        count = int(total[2])
+        return {"val_loss": total[0] / count, "val_acc": total[1] / count, "val_count": count}
+
+    # ------------------------------------------------------------------ checkpoints and results
+    def _save_checkpoint(self):
+        if not self.cfg.checkpoint_dir or not self.is_rank0:
+            return
+        weights = [v.numpy() for v in self.model.weights]
+        slots = [v.numpy() for v in self.loop.optimizer_variables()]
+        meta = {"format_version": ckpt.FORMAT_VERSION, "config": self._checkpoint_config(),
+                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                "history": self.history, "num_model": len(weights), "num_optimizer": len(slots)}
+        arrays = {"meta": np.array(json.dumps(meta)),
+                  **{f"model/{i}": w for i, w in enumerate(weights)},
+                  **{f"optimizer/{i}": s for i, s in enumerate(slots)}}
+        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(self.global_step, self.epoch, "npz"))
+        ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
+        ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
+        self.reporter.info(f"checkpoint {path}")
+
+    def _finish(self, stopped_by: str | None) -> dict:
+        cfg, b = self.cfg, self.backend
+        params = [v.numpy().astype(np.float64) for v in self.model.trainable_weights]
+        rate = self.timed_samples / self.timed_seconds if self.timed_seconds else None
+        per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": self.backend.device,
+                                       "threads": self.threads, "images_per_sec": rate,
+                                       "timed_samples": self.timed_samples, "timed_seconds": self.timed_seconds,
+                                       "param_checksum": checksum_arrays(params)}, "per_rank")
+        requeue = None
+        env = ClusterEnv.from_environ()
+        if stopped_by:
+            self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
+            if self.is_rank0 and env.job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
+                requeue = requeue_slurm_job(env.job_id)
+                self.reporter.info(requeue)
+        result = {
+            "framework": "tf", **b.describe(), "keras": f"{self.keras.__name__} {self.keras.__version__}",
+            "config": cfg.to_dict(), "world_size": self.world_size, "launcher": env.launcher, "ranks": per_rank,
+            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
+            if all(r["images_per_sec"] for r in per_rank) else None,
+            "final": self.history[-1] if self.history else None, "history": self.history,
+            "loss_log": self.loss_log, "global_step": self.global_step, "epoch": self.epoch,
+            "stopped_by": stopped_by, "requeue": requeue,
+            "versions": library_versions(), "environment": environment_fingerprint(),
+        }
+        if cfg.result_json and self.is_rank0:
+            write_json(cfg.result_json, result)
+            self.reporter.info(f"result file {cfg.result_json}")
+        self.reporter.close()
+        b.barrier()
+        b.shutdown()
+        return result
