@@ -145,7 +145,7 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--horovod-tuning", default=d.horovod_tuning, choices=("auto", "off"),
                    help="auto: set Horovod/Open MPI knobs from the cores per rank (docs/horovod-overhead.md)")
     p.add_argument("--cycle-time-ms", type=float, default=None,
-                   help="HOROVOD_CYCLE_TIME (default: 5 on CPU or < 4 cores per rank, else Horovod's 1)")
+                   help="HOROVOD_CYCLE_TIME in ms (default: Horovod's own, 1)")
     p.add_argument("--mpi-yield", default=d.mpi_yield, choices=("auto", "on", "off"),
                    help="Open MPI yields the core while waiting (auto: on CPU or < 4 cores per rank)")
     if framework == "torch":

@@ -3,8 +3,8 @@
 Why: Horovod's background thread runs a coordination collective every cycle (1 ms by default),
 and Open MPI busy-polls while it waits. On a rank with one or two cores (every CPU-only rank
 here, and GPU ranks with few cores per GPU) that polling takes the core from the compute
-thread: on 2 cores, ResNet-18 at 2 ranks fell from ~19 to ~7 img/s in total (see
-docs/horovod-overhead.md). Letting MPI yield when idle and a slightly longer cycle give it back.
+thread: on 2 cores, ResNet-18 at 2 ranks fell from ~18 to ~7 img/s in total (see
+docs/horovod-overhead.md). Letting MPI yield the core when idle gives it back.
 
 Only public knobs are set (environment variables read at `hvd.init()`/`MPI_Init`), and a value
 the user already exported always wins. `python -m hvdtrain.tuning --cores-per-rank 1 --cpu` shows
@@ -29,10 +29,10 @@ def horovod_settings(mode: str, on_cpu: bool, cores_per_rank: int, cycle_time_ms
     if mpi_yield == "on" or (mpi_yield == "auto" and contended):
         settings["OMPI_MCA_mpi_yield_when_idle"] = "1"
     if cycle_time_ms is not None:
+        # Not changed by default: a longer cycle saves little once MPI yields, and every
+        # allreduce waits for the next cycle. Measured on digits (steps of a few ms), 5 ms
+        # instead of 1 cut Horovod-TF from ~5700 to ~860 img/s at 2 ranks.
         settings["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
-    elif contended:
-        # Fewer idle coordination rounds; 5 ms is small against a CPU training step (>= 50 ms).
-        settings["HOROVOD_CYCLE_TIME"] = "5"
     return settings
 
 

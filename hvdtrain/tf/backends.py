@@ -1,28 +1,36 @@
 """Data-parallel backends for the TF trainer. Horovod is the product; a tf.distribute
-MultiWorkerMirroredStrategy backend for comparison will answer the same questions:
+MultiWorkerMirroredStrategy backend for comparison (hvdtrain/tf/mwms.py) answers the same questions:
 
 who am I (rank, local_rank, world_size); wrap a GradientTape (custom loop) or a Keras optimizer
 plus its callbacks (fit loop); broadcast variables from rank 0; sum a metric over ranks; agree on
 an object; barrier; shut down. Nothing outside this module branches on the backend's name.
 
-    backend = make_backend("horovod")
+    backend = make_backend(cfg, cores_per_rank)
     tape = backend.distributed_tape(tape)          # gradients averaged over ranks
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain import tuning
 from hvdtrain.errors import UsageError
 
 
-def make_backend(name: str):
-    if name == "horovod":
-        return HorovodBackend()
-    if name == "mwms":
-        raise UsageError("--backend mwms (tf.distribute MultiWorkerMirroredStrategy) is not "
-                         "implemented yet; use --backend horovod")
-    raise UsageError(f"unknown backend '{name}'; valid: horovod, mwms")
+def make_backend(cfg, cores_per_rank: int):
+    if cfg.backend == "horovod":
+        on_cpu = not tf.config.list_physical_devices("GPU")
+        return HorovodBackend(tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cores_per_rank,
+                                                      cfg.cycle_time_ms, cfg.mpi_yield))
+    if cfg.backend == "mwms":
+        if cfg.loop != "custom":
+            raise UsageError("--backend mwms runs the GradientTape loop only: use --loop custom")
+        from hvdtrain.tf.mwms import MWMSBackend
+
+        return MWMSBackend()
+    raise UsageError(f"unknown backend '{cfg.backend}'; valid: horovod, mwms")
 
 
 def import_horovod_tf():
@@ -59,13 +67,26 @@ def pin_gpu(local_rank: int) -> str:
 class HorovodBackend:
     name = "horovod"
 
-    def __init__(self):
+    # The loss of a rank's batch is used as is: Horovod averages the gradients.
+    gradient_scale = 1.0
+
+    def __init__(self, settings: dict[str, str]):
         self.hvd = hvd = import_horovod_tf()
+        if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
+            raise UsageError("Horovod is installed without its TensorFlow ops (horovod/tensorflow/mpi_lib is "
+                             "missing; rebuild with HOROVOD_WITH_TENSORFLOW=1: bash scripts/setup.sh)")
+        # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
+        self.tuning = tuning.apply(settings)
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
         self.device = pin_gpu(self.local_rank)
 
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def run(self, step_fn, *args):
+        return step_fn(*args)
 
     def _reduce_options(self, cfg) -> dict:
         hvd = self.hvd
@@ -149,7 +170,8 @@ class HorovodBackend:
     def describe(self) -> dict:
         from hvdtrain.results import horovod_build_flags
 
-        return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd)}
+        return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd),
+                "horovod_tuning": self.tuning}
 
     def shutdown(self):
         self.hvd.shutdown()

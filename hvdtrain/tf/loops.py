@@ -54,18 +54,23 @@ class CustomLoop:
         # the gradients of the tf.Variables behind them.
         sources = [tf_variable(v) for v in model.trainable_variables]
 
-        @tf.function
-        def train_step(x, y):
+        def replica_step(x, y):
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
                 stats, loss = step_stats(y, logits)
                 if decay:
                     loss += l2_penalty(model.trainable_variables, decay)
+                # tf.distribute sums gradients over replicas; Horovod averages them (scale 1).
+                loss = loss * backend.gradient_scale
             # Horovod: the tape's gradients come back averaged over ranks.
             tape = backend.distributed_tape(tape, cfg)
             grads = tape.gradient(loss, sources)
             self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return stats
+
+        @tf.function
+        def train_step(x, y):
+            return backend.run(replica_step, x, y)  # tf.distribute: strategy.run; Horovod: a call
         self.train_step = train_step
 
     def optimizer_variables(self) -> list:

@@ -65,7 +65,7 @@ class Trainer:
         env = ClusterEnv.from_environ()
         self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
         set_threads(self.threads)
-        self.backend = b = make_backend(cfg.backend)
+        self.backend = b = make_backend(cfg, self.threads)
         self.cfg = cfg = cfg.with_world_size(b.world_size)
         self.rank, self.world_size = b.rank, b.world_size
         self.is_rank0 = b.rank == 0
@@ -88,11 +88,13 @@ class Trainer:
         self.schedule_steps = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
 
-        # A different seed on every rank on purpose: the broadcast below makes the weights equal,
-        # and dropout draws differ per rank.
-        keras.utils.set_random_seed(cfg.seed + self.rank)
-        self.model = build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
-        self.loop = make_loop(cfg, keras, self.model, b, self)
+        # The same seed on every rank: tf.distribute mirrors Keras' random-seed state from worker 0
+        # (dropout draws the same masks on every worker), and Horovod's path does the same so that
+        # the two start from the same weights and draw the same numbers (hvdtrain.compare's parity).
+        keras.utils.set_random_seed(cfg.seed)
+        with b.scope():  # tf.distribute creates mirrored variables in its scope; Horovod: no-op
+            self.model = build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
+            self.loop = make_loop(cfg, keras, self.model, b, self)
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
         self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
         resumed_from = self._restore()

@@ -1,0 +1,121 @@
+"""tf.distribute MultiWorkerMirroredStrategy as an hvdtrain.tf backend, for comparison with Horovod.
+
+    mpirun -np 2 python -m hvdtrain.tf --backend mwms --loop custom --model mnist_cnn --dataset digits
+    srun --mpi=pmix -n 2 python -m hvdtrain.tf --backend mwms --loop custom ...
+
+One worker per rank, one replica per worker. The cluster comes from the launcher: under Slurm,
+`SlurmClusterResolver` (ports derived from the job and step ids); under mpirun, TF_CONFIG built
+from every rank's address, gathered over MPI (each rank binds a free port). Each rank feeds its
+own shard (the datasets are not auto-sharded), exactly as under Horovod.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.cluster import ClusterEnv
+from hvdtrain.tf.backends import pin_gpu
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def cluster_resolver(env: ClusterEnv):
+    """The resolver for this launch, or None for a single process."""
+    if env.world_size == 1:
+        return None
+    if env.launcher == "slurm":
+        step = int(os.environ.get("SLURM_STEP_ID", "0") or 0)
+        port_base = 30000 + (int(env.job_id or 0) * 16 + step) * 8 % 20000
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            jobs={"worker": env.world_size}, port_base=port_base, auto_set_gpu=False)
+    from mpi4py import MPI
+
+    addresses = MPI.COMM_WORLD.allgather(f"{socket.gethostname()}:{_free_port()}")
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
+                                          "task": {"type": "worker", "index": env.rank}})
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+class MWMSBackend:
+    name = "mwms"
+
+    def __init__(self):
+        env = ClusterEnv.from_environ()
+        self.rank, self.local_rank = env.rank, env.local_rank
+        self.world_size, self.local_world_size = env.world_size, env.local_world_size
+        self.device = pin_gpu(self.local_rank)
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(env))
+        # tf.distribute sums the replicas' gradients: each rank's loss is scaled by 1/world size.
+        self.gradient_scale = 1.0 / self.strategy.num_replicas_in_sync
+
+        @tf.function
+        def all_sum(tensor):
+            per_replica = self.strategy.run(tf.identity, args=(tensor,))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        self._all_sum = all_sum
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def run(self, step_fn, *args):
+        return self.strategy.run(step_fn, args=args)
+
+    def distributed_tape(self, tape, cfg):
+        return tape  # the optimizer all-reduces the gradients under the strategy
+
+    def _sum(self, array: np.ndarray) -> np.ndarray:
+        if self.world_size == 1:
+            return np.asarray(array)
+        return self._all_sum(tf.constant(array)).numpy()
+
+    def broadcast_variables(self, variables):
+        """Rank 0's values everywhere: a sum in which the other ranks contribute zeros (exact)."""
+        for v in variables:
+            value = v.numpy() if self.rank == 0 else np.zeros(v.shape, dtype=v.dtype.as_numpy_dtype
+                                                               if hasattr(v.dtype, "as_numpy_dtype") else v.dtype)
+            v.assign(self._sum(value))
+
+    def average_variables(self, variables):
+        for v in variables:
+            if tf.as_dtype(v.dtype).is_floating:
+                v.assign(self._sum(v.numpy()) / self.world_size)
+
+    def allreduce_sum(self, values, name: str) -> np.ndarray:
+        return self._sum(np.asarray(values, dtype=np.float64))
+
+    def broadcast_object(self, obj, name: str):
+        data = pickle.dumps(obj) if self.rank == 0 else b""
+        size = int(self._sum(np.array([len(data)], dtype=np.float64))[0])
+        buf = np.zeros(size, dtype=np.float64)
+        if self.rank == 0:
+            buf[:] = np.frombuffer(data, dtype=np.uint8)
+        return pickle.loads(self._sum(buf).astype(np.uint8).tobytes())
+
+    def allgather_object(self, obj, name: str) -> list:
+        data = pickle.dumps(obj)
+        sizes = np.zeros(self.world_size)
+        sizes[self.rank] = len(data)
+        sizes = self._sum(sizes).astype(int)
+        buf = np.zeros((self.world_size, sizes.max()))
+        buf[self.rank, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+        buf = self._sum(buf).astype(np.uint8)
+        return [pickle.loads(buf[r, :sizes[r]].tobytes()) for r in range(self.world_size)]
+
+    def barrier(self):
+        self._sum(np.zeros(1))
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "num_replicas_in_sync": self.strategy.num_replicas_in_sync,
+                "tf_config": os.environ.get("TF_CONFIG")}
+
+    def shutdown(self):
+        pass
