@@ -4,10 +4,12 @@
 
 - Every template in slurm/ is what `python -m hvdtrain.slurm` writes from its header, is valid
   bash, and passes `sbatch --test-only`, as does the generator's output for each preset.
-- The CPU template, submitted as is, trains 2 ranks (mnist_cnn on digits) to COMPLETED.
+- The CPU templates, submitted as they are, train 2 ranks (mnist_cnn on digits) to COMPLETED.
 - The same job, sent USR1 while training, checkpoints, requeues itself, resumes when Slurm
   restarts it, and ends with the same weights as the uninterrupted job.
+- `scancel` (SIGTERM) makes the ranks checkpoint but does not requeue the job.
 - `#SBATCH --signal=USR1@T` reaches the srun tasks and not the batch shell; `B:` the reverse.
+- 2 nodes x 1 task (a second slurmd in its own network namespace) train like 1 node x 2 tasks.
 - The generator refuses inconsistent options with one line and exit status 2.
 - ClusterEnv reads SLURM's task variables, hostlists and tasks-per-node strings.
 
@@ -26,7 +28,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, REPO, base_env
+from conftest import PYTHON, REPO, base_env, free_port
 from hvdtrain import slurm as gen
 from hvdtrain.cluster import ClusterEnv, expand_hostlist
 from hvdtrain.errors import UsageError
@@ -193,12 +195,6 @@ def test_template_is_the_generators_output(path):
     run(["bash", "-n", path])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def site_shaped_controller(slurm_cluster, tmp_path_factory):
     """A second slurmctld, for `sbatch --test-only` only, whose nodes have the sites' shapes:
@@ -217,8 +213,8 @@ def site_shaped_controller(slurm_cluster, tmp_path_factory):
     conf.write_text(f"""\
 ClusterName=sitesshaped
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 AuthType=auth/munge
 AuthInfo=socket={slurm_cluster}/munge/munge.socket
@@ -338,6 +334,14 @@ def test_two_task_job_trains_to_completion(uninterrupted):
     assert max(map(os.path.basename, checkpoints)) == f"ckpt-e0003-s{CPU_STEPS:08d}.pt"
 
 
+def test_tf_cpu_template_trains_to_completion(slurm_cluster, tmp_path):
+    job_id, log = submit(os.path.join(REPO, "slurm", "tf-cpu.sbatch"), str(tmp_path))
+    info = wait_for_end(job_id, log, timeout=420)
+    assert info["JobState"] == "COMPLETED", tail(log)
+    result = result_of(str(tmp_path), job_id)
+    assert result["framework"] == "tf" and result["world_size"] == 2 and result["global_step"] == CPU_STEPS
+
+
 # ------------------------------------------------------------------------------ (c) USR1 -> requeue -> resume
 def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(uninterrupted, tmp_path):
     """`scancel -s USR1 JOB` (no -b, no --full) signals every task of the job's steps and not the
@@ -364,6 +368,23 @@ def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(uninterrupted
     assert result["global_step"] == CPU_STEPS and result["stopped_by"] is None
     assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
     assert result["final"] == reference["final"]
+
+
+def test_scancel_checkpoints_and_does_not_requeue(slurm_cluster, tmp_path):
+    """`scancel JOB` sends SIGTERM: the ranks still checkpoint together, but the job stays
+    cancelled (a requeue here would undo the user's cancel)."""
+    cwd = str(tmp_path)
+    job_id, log = submit(CPU_TEMPLATE, cwd)
+    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
+    run(["scancel", job_id])
+    wait_for_end(job_id, log, timeout=120)
+    time.sleep(3)      # a requeue, were there one, would show by now
+    info = job_info(job_id)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, tail(log))
+    steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(
+        glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))[0])))]
+    assert steps and 0 < max(steps) < CPU_STEPS, (steps, tail(log))
+    assert "requeued" not in tail(log, 10**6)
 
 
 # ------------------------------------------------------------------------------ what --signal reaches
@@ -506,8 +527,8 @@ def two_node_cluster(slurm_cluster, tmp_path_factory):
         conf.write_text(f"""\
 ClusterName=twonodes
 SlurmctldHost={socket.gethostname().split('.')[0]}({subnet}.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

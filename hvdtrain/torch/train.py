@@ -234,7 +234,7 @@ class Trainer:
             bar.update(1)
             last = i == steps_left - 1
             if self.global_step % cfg.log_interval == 0 or last:
-                reduced, stop_votes = self._reduce_window(window)
+                reduced, stop = self._reduce_window(window)
                 totals += reduced
                 window.zero_()
                 interval_loss = reduced[0].item() / max(1.0, reduced[2].item())
@@ -242,8 +242,8 @@ class Trainer:
                 self.reporter.scalars(self.global_step, {"train/loss": interval_loss,
                                                          "train/lr": self.scheduler.get_last_lr()[0]})
                 bar.set_postfix(loss=f"{interval_loss:.4f}")
-                if stop_votes > 0:
-                    stopped_by = self.stop.signal_name or "signal on another rank"
+                if stop:
+                    stopped_by = stop
                     break
         bar.close()
         if timing:
@@ -254,10 +254,12 @@ class Trainer:
         return {"train_loss": totals[0].item() / count, "train_acc": totals[1].item() / count}, stopped_by
 
     def _reduce_window(self, window):
-        # One allreduce for the metrics and the stop vote: every rank stops at the same step.
-        vec = torch.cat([window, torch.tensor([1.0 if self.stop.requested else 0.0], dtype=torch.float64)])
-        out = self.backend.allreduce_sum(vec)
-        return out[:3], out[3].item()
+        # One allreduce for the metrics and the stop votes: every rank stops at the same step and
+        # knows which signal stopped it, SIGTERM on any rank outweighing SIGUSR1 (see _finish).
+        sig = self.stop.signal_name
+        votes = torch.tensor([sig == "SIGUSR1", sig == "SIGTERM"], dtype=torch.float64)
+        out = self.backend.allreduce_sum(torch.cat([window, votes]))
+        return out[:3], "SIGTERM" if out[4] > 0 else "SIGUSR1" if out[3] > 0 else None
 
     @torch.no_grad()
     def _validate(self) -> dict:
@@ -308,7 +310,10 @@ class Trainer:
         if stopped_by:
             self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
             env = ClusterEnv.from_environ()
-            if self.is_rank0 and env.job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
+            # Only the time-limit warning requeues. SIGTERM is scancel (requeueing would undo the
+            # user's cancel), preemption (Slurm requeues by itself) or the limit itself.
+            requeue_wanted = stopped_by == "SIGUSR1" and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0"
+            if requeue_wanted and self.is_rank0 and env.job_id:
                 requeue = requeue_slurm_job(env.job_id)
                 self.reporter.info(requeue)
         result = {
