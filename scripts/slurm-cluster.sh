@@ -23,7 +23,7 @@ say() { printf '[slurm-cluster] %s\n' "$*"; }
 die() { say "$*"; exit 1; }
 
 write_config() {
-    mkdir -p "$DIR"/{state,spool,log,run,munge}
+    mkdir -p "$DIR"/{state,spool,log,run,munge,tmp}
     chmod 700 "$DIR/munge"
     if [ ! -s "$DIR/munge/munge.key" ]; then
         dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
@@ -38,10 +38,14 @@ SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+# cred_expire: a requeued job waits this long before it may start again (default 120 s).
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
+# Per-cluster scratch (PMIx puts its per-step directories here): two local clusters both number
+# jobs from 1, and in a shared /tmp their steps' directories would collide.
+TmpFS=$DIR/tmp
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
