@@ -1,7 +1,6 @@
 """`python -m hvdtrain.torch` launched for real: accuracy, parity between 1 and 2 ranks, equal
 weights on every rank, exact resume, exact validation counts, launchers and datasets."""
 import json
-import os
 
 import pytest
 import torch

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import zipfile
 
@@ -26,12 +25,12 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.report import Rank0Reporter
-from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
-from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, threads_per_rank
 from hvdtrain.tf.backends import make_backend
 from hvdtrain.tf.data import build_data
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.models import build_model
+from hvdtrain.trainer import EpochTrainer, stop_reason, stop_votes
 
 PROG = "hvdtrain.tf"
 
@@ -60,7 +59,9 @@ def set_threads(threads: int) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
-class Trainer:
+class Trainer(EpochTrainer):
+    framework = "tf"
+
     def __init__(self, cfg: TrainConfig, keras):
         env = ClusterEnv.from_environ()
         self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
@@ -106,7 +107,8 @@ class Trainer:
             self.reporter = Rank0Reporter(True, cfg.log_dir, PROG, writer_factory=TFSummaryWriter)
         self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False))[0],
                                       reduce_retracing=True)
-        self._log_start(env, resumed_from)
+        self.device_name = self.backend.device
+        self._log_start(env, resumed_from, f"; --loop {cfg.loop} on {keras.__name__} {keras.__version__}")
 
     # ------------------------------------------------------------------ set-up helpers
     def _checkpoint_config(self) -> dict:
@@ -154,46 +156,12 @@ class Trainer:
                     var.assign(value)
         return meta["epoch"], meta["step_in_epoch"], meta["global_step"], meta["history"]
 
-    def _log_start(self, env: ClusterEnv, resumed_from: str | None):
-        placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.backend.device,
-                                                   self.threads), "placement")
-        cfg = self.cfg
-        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {env.launcher}; "
-                           f"--loop {cfg.loop} on {self.keras.__name__} {self.keras.__version__}; "
-                           f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
-                           f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
-        for rank, host, device, threads in placement:
-            self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
-        self.reporter.info(f"config: {cfg.to_dict()}")
-        if resumed_from:
-            self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
-
     # ------------------------------------------------------------------ the loop
-    def train(self) -> dict:
-        cfg = self.cfg
-        self.timed_seconds, self.timed_samples = 0.0, 0
-        self.loss_log = []
-        stopped_by = None
-        while self.epoch < cfg.epochs and self.global_step < self.total_steps:
-            train_metrics, stopped_by = self._train_epoch()
-            val_metrics = self._validate()
-            epoch_done = self.step_in_epoch >= self.steps_per_epoch
-            record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
-                      "global_step": self.global_step, **train_metrics, **val_metrics}
-            self.history.append(record)
-            rate = self.timed_samples / self.timed_seconds if self.timed_seconds else float("nan")
-            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
-                               f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
-                               f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
-                               f"{rate * self.world_size:.1f} img/s")
-            self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
-                                                     "val/acc": val_metrics["val_acc"]})
-            if epoch_done:
-                self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            self._save_checkpoint()
-            if stopped_by:
-                break
-        return self._finish(stopped_by)
+    def _param_arrays(self):
+        return [v.numpy().astype(np.float64) for v in self.model.trainable_weights]
+
+    def _result_extras(self) -> dict:
+        return {"keras": f"{self.keras.__name__} {self.keras.__version__}"}
 
     def _train_epoch(self):
         cfg = self.cfg
@@ -202,7 +170,7 @@ class Trainer:
                                   self.steps_per_epoch, cfg.batch_size, cfg.seed)
         self._window = np.zeros(3)      # ce sum, correct, count since the last reduction
         self._totals = np.zeros(3)
-        self._stop_votes, self._timing, self._timed_steps = 0.0, False, 0
+        self._stop, self._timing, self._timed_steps = None, False, 0
         self._last_step = self.global_step + steps
         self._bar = self.reporter.progress(steps, f"epoch {self.epoch + 1}/{cfg.epochs}")
         self.loop.run_epoch(dataset, self.epoch, steps, self.step_in_epoch)
@@ -211,7 +179,7 @@ class Trainer:
             self.backend.barrier()
             self.timed_seconds += time.perf_counter() - self._t0
             self.timed_samples += self._timed_steps * cfg.batch_size
-        stopped_by = (self.stop.signal_name or "signal on another rank") if self._stop_votes > 0 else None
+        stopped_by = self._stop
         count = max(1.0, self._totals[2])
         return {"train_loss": self._totals[0] / count, "train_acc": self._totals[1] / count}, stopped_by
 
@@ -231,8 +199,9 @@ class Trainer:
         self._bar.update(1)
         if self.global_step % self.cfg.log_interval and self.global_step != self._last_step:
             return False
-        # One allreduce for the metrics and the stop vote: every rank stops at the same step.
-        reduced = self.backend.allreduce_sum([*self._window, float(self.stop.requested)], "train_window")
+        # One allreduce for the metrics and the stop votes: every rank stops at the same step and
+        # knows which signal stopped it.
+        reduced = self.backend.allreduce_sum([*self._window, *stop_votes(self.stop.signal_name)], "train_window")
         self._totals += reduced[:3]
         self._window[:] = 0
         interval_loss = reduced[0] / max(1.0, reduced[2])
@@ -240,8 +209,8 @@ class Trainer:
         self.reporter.scalars(self.global_step, {"train/loss": interval_loss,
                                                  "train/lr": float(self._current_lr())})
         self._bar.set_postfix(loss=f"{interval_loss:.4f}")
-        self._stop_votes = reduced[3]
-        return self._stop_votes > 0
+        self._stop = stop_reason(reduced[3], reduced[4])
+        return self._stop is not None
 
     def _current_lr(self) -> float:
         lr = self.loop.optimizer.learning_rate
@@ -272,36 +241,3 @@ class Trainer:
         ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")
-
-    def _finish(self, stopped_by: str | None) -> dict:
-        cfg, b = self.cfg, self.backend
-        params = [v.numpy().astype(np.float64) for v in self.model.trainable_weights]
-        rate = self.timed_samples / self.timed_seconds if self.timed_seconds else None
-        per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": self.backend.device,
-                                       "threads": self.threads, "images_per_sec": rate,
-                                       "timed_samples": self.timed_samples, "timed_seconds": self.timed_seconds,
-                                       "param_checksum": checksum_arrays(params)}, "per_rank")
-        requeue = None
-        env = ClusterEnv.from_environ()
-        if stopped_by:
-            self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
-            if self.is_rank0 and env.job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
-                requeue = requeue_slurm_job(env.job_id)
-                self.reporter.info(requeue)
-        result = {
-            "framework": "tf", **b.describe(), "keras": f"{self.keras.__name__} {self.keras.__version__}",
-            "config": cfg.to_dict(), "world_size": self.world_size, "launcher": env.launcher, "ranks": per_rank,
-            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
-            if all(r["images_per_sec"] for r in per_rank) else None,
-            "final": self.history[-1] if self.history else None, "history": self.history,
-            "loss_log": self.loss_log, "global_step": self.global_step, "epoch": self.epoch,
-            "stopped_by": stopped_by, "requeue": requeue,
-            "versions": library_versions(), "environment": environment_fingerprint(),
-        }
-        if cfg.result_json and self.is_rank0:
-            write_json(cfg.result_json, result)
-            self.reporter.info(f"result file {cfg.result_json}")
-        self.reporter.close()
-        b.barrier()
-        b.shutdown()
-        return result

@@ -107,11 +107,11 @@ class HorovodBackend:
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
-    def broadcast_object(self, obj):
-        return self.hvd.broadcast_object(obj, root_rank=0)
+    def broadcast_object(self, obj, name: str | None = None):
+        return self.hvd.broadcast_object(obj, root_rank=0, name=name)
 
-    def allgather_object(self, obj) -> list:
-        return self.hvd.allgather_object(obj)
+    def allgather_object(self, obj, name: str | None = None) -> list:
+        return self.hvd.allgather_object(obj, name=name)
 
     def barrier(self):
         self.hvd.barrier()
@@ -212,12 +212,12 @@ class DDPBackend:
         self.dist.all_reduce(out, op=self.dist.ReduceOp.SUM)
         return out
 
-    def broadcast_object(self, obj):
+    def broadcast_object(self, obj, name: str | None = None):
         box = [obj]
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def allgather_object(self, obj) -> list:
+    def allgather_object(self, obj, name: str | None = None) -> list:
         out = [None] * self.world_size
         self.dist.all_gather_object(out, obj)
         return out

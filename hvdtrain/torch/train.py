@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import sys
 import time
 
@@ -24,10 +23,10 @@ from hvdtrain.config import TrainConfig, build_parser, config_from_args
 from hvdtrain.datasets import check_enough_samples, check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.report import Rank0Reporter
-from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.schedule import lr_factor
-from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, threads_per_rank
 from hvdtrain.torch import data
+from hvdtrain.trainer import EpochTrainer, stop_reason, stop_votes
 from hvdtrain.torch.backends import make_backend
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
 
@@ -48,7 +47,9 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
     return (seed * 1_000_003 + global_step * 7919 + rank) % (2**63)
 
 
-class Trainer:
+class Trainer(EpochTrainer):
+    framework = "torch"
+
     def __init__(self, cfg: TrainConfig):
         env = ClusterEnv.from_environ()
         self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
@@ -112,6 +113,7 @@ class Trainer:
             self.scheduler.load_state_dict(sched)
         if cfg.log_dir and self.is_rank0:
             self.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
+        self.device_name = str(self.device)
         self._log_start(env, resumed_from)
 
     # ------------------------------------------------------------------ set-up helpers
@@ -149,47 +151,9 @@ class Trainer:
             raise UsageError(status["error"])
         return (state if status["path"] else None), status["path"]
 
-    def _log_start(self, env: ClusterEnv, resumed_from: str | None):
-        placement = self.backend.allgather_object((self.rank, socket.gethostname(), str(self.device), self.threads))
-        cfg = self.cfg
-        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {env.launcher}; "
-                           f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
-                           f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
-        for rank, host, device, threads in placement:
-            self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
-        self.reporter.info(f"config: {cfg.to_dict()}")
-        self.reporter.info(f"backend: {self.backend.describe()}")
-        if resumed_from:
-            self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
-        self.placement = placement
-
     # ------------------------------------------------------------------ the loop
-    def train(self) -> dict:
-        cfg = self.cfg
-        self.timed_seconds, self.timed_samples = 0.0, 0
-        self.loss_log = []
-        stopped_by = None
-        while self.epoch < cfg.epochs and self.global_step < self.total_steps:
-            train_metrics, stopped_by = self._train_epoch()
-            val_metrics = self._validate()
-            epoch_done = self.step_in_epoch >= self.steps_per_epoch
-            record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
-                      "global_step": self.global_step, **train_metrics, **val_metrics}
-            self.history.append(record)
-            rate = self.timed_samples / self.timed_seconds if self.timed_seconds else float("nan")
-            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
-                               f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
-                               f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
-                               f"{rate * self.world_size:.1f} img/s")
-            self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
-                                                     "val/acc": val_metrics["val_acc"]})
-            if epoch_done:
-                self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            self._save_checkpoint()
-            if stopped_by:
-                break
-        result = self._finish(stopped_by)
-        return result
+    def _param_arrays(self):
+        return [p.detach().cpu().double().numpy() for p in self.raw_model.parameters()]
 
     def _train_epoch(self):
         cfg, b = self.cfg, self.backend
@@ -255,11 +219,10 @@ class Trainer:
 
     def _reduce_window(self, window):
         # One allreduce for the metrics and the stop votes: every rank stops at the same step and
-        # knows which signal stopped it, SIGTERM on any rank outweighing SIGUSR1 (see _finish).
-        sig = self.stop.signal_name
-        votes = torch.tensor([sig == "SIGUSR1", sig == "SIGTERM"], dtype=torch.float64)
+        # knows which signal stopped it.
+        votes = torch.tensor(stop_votes(self.stop.signal_name), dtype=torch.float64)
         out = self.backend.allreduce_sum(torch.cat([window, votes]))
-        return out[:3], "SIGTERM" if out[4] > 0 else "SIGUSR1" if out[3] > 0 else None
+        return out[:3], stop_reason(out[3].item(), out[4].item())
 
     @torch.no_grad()
     def _validate(self) -> dict:
@@ -297,42 +260,6 @@ class Trainer:
         ckpt.atomic_write(path, lambda f: torch.save(state, f))
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")
-
-    def _finish(self, stopped_by: str | None) -> dict:
-        cfg, b = self.cfg, self.backend
-        params = [p.detach().cpu().double().numpy() for p in self.raw_model.parameters()]
-        rate = self.timed_samples / self.timed_seconds if self.timed_seconds else None
-        per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": str(self.device),
-                                       "threads": self.threads, "images_per_sec": rate,
-                                       "timed_samples": self.timed_samples, "timed_seconds": self.timed_seconds,
-                                       "param_checksum": checksum_arrays(params)})
-        requeue = None
-        if stopped_by:
-            self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
-            env = ClusterEnv.from_environ()
-            # Only the time-limit warning requeues. SIGTERM is scancel (requeueing would undo the
-            # user's cancel), preemption (Slurm requeues by itself) or the limit itself.
-            requeue_wanted = stopped_by == "SIGUSR1" and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0"
-            if requeue_wanted and self.is_rank0 and env.job_id:
-                requeue = requeue_slurm_job(env.job_id)
-                self.reporter.info(requeue)
-        result = {
-            "framework": "torch", **b.describe(), "config": cfg.to_dict(), "world_size": self.world_size,
-            "launcher": ClusterEnv.from_environ().launcher, "ranks": per_rank,
-            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
-            if all(r["images_per_sec"] for r in per_rank) else None,
-            "final": self.history[-1] if self.history else None, "history": self.history,
-            "loss_log": self.loss_log, "global_step": self.global_step, "epoch": self.epoch,
-            "stopped_by": stopped_by, "requeue": requeue,
-            "versions": library_versions(), "environment": environment_fingerprint(),
-        }
-        if cfg.result_json and self.is_rank0:
-            write_json(cfg.result_json, result)
-            self.reporter.info(f"result file {cfg.result_json}")
-        self.reporter.close()
-        b.barrier()
-        b.shutdown()
-        return result
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,114 @@
+"""What every hvdtrain trainer does the same way, whatever the framework: the epoch loop, the
+stop vote, the start-up log and the result file.
+
+A framework trainer (hvdtrain/torch/train.py, hvdtrain/tf/train.py) subclasses `EpochTrainer` and
+provides `_train_epoch() -> (metrics, stopped_by)`, `_validate() -> metrics`,
+`_save_checkpoint()`, `_param_arrays() -> [np.ndarray]` and `_result_extras() -> dict`, and
+sets the attributes listed in `EpochTrainer.__doc__`. Its backend answers `allgather_object`,
+`barrier`, `describe` and `shutdown`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+from hvdtrain.cluster import ClusterEnv
+from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
+from hvdtrain.runtime import requeue_slurm_job
+
+STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
+
+
+def stop_votes(signal_name: str | None) -> list[float]:
+    """This rank's votes, summed over ranks with the metrics: [saw SIGUSR1, saw SIGTERM]."""
+    return [float(signal_name == s) for s in STOP_SIGNALS]
+
+
+def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
+    """The signal every rank agrees stopped the run: SIGTERM on any rank outweighs SIGUSR1."""
+    return "SIGTERM" if term_votes > 0 else "SIGUSR1" if usr1_votes > 0 else None
+
+
+class EpochTrainer:
+    """Attributes a subclass sets: cfg, backend, reporter, rank, world_size, is_rank0, threads,
+    device_name, steps_per_epoch, total_steps, epoch, step_in_epoch, global_step, history."""
+
+    framework = "?"
+
+    def _log_start(self, env: ClusterEnv, resumed_from: str | None, loop: str = ""):
+        placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.device_name, self.threads),
+                                                  "placement")
+        cfg = self.cfg
+        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {env.launcher}{loop}; "
+                           f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
+                           f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
+        for rank, host, device, threads in placement:
+            self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
+        self.reporter.info(f"config: {cfg.to_dict()}")
+        self.reporter.info(f"backend: {self.backend.describe()}")
+        if resumed_from:
+            self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        self.timed_seconds, self.timed_samples = 0.0, 0
+        self.loss_log = []
+        stopped_by = None
+        while self.epoch < cfg.epochs and self.global_step < self.total_steps:
+            train_metrics, stopped_by = self._train_epoch()
+            val_metrics = self._validate()
+            epoch_done = self.step_in_epoch >= self.steps_per_epoch
+            record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
+                      "global_step": self.global_step, **train_metrics, **val_metrics}
+            self.history.append(record)
+            rate = self.timed_samples / self.timed_seconds if self.timed_seconds else float("nan")
+            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
+                               f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
+                               f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
+                               f"{rate * self.world_size:.1f} img/s")
+            self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
+                                                     "val/acc": val_metrics["val_acc"]})
+            if epoch_done:
+                self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self._save_checkpoint()
+            if stopped_by:
+                break
+        return self._finish(stopped_by)
+
+    def _finish(self, stopped_by: str | None) -> dict:
+        cfg, b = self.cfg, self.backend
+        rate = self.timed_samples / self.timed_seconds if self.timed_seconds else None
+        per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": self.device_name,
+                                       "threads": self.threads, "images_per_sec": rate,
+                                       "timed_samples": self.timed_samples, "timed_seconds": self.timed_seconds,
+                                       "param_checksum": checksum_arrays(self._param_arrays())}, "per_rank")
+        env = ClusterEnv.from_environ()
+        requeue = None
+        if stopped_by:
+            self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
+            # Only the time-limit warning requeues. SIGTERM is scancel (requeueing would undo the
+            # user's cancel), preemption (Slurm requeues by itself) or the limit itself.
+            requeue_wanted = stopped_by == "SIGUSR1" and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0"
+            if requeue_wanted and self.is_rank0 and env.job_id:
+                requeue = requeue_slurm_job(env.job_id)
+                self.reporter.info(requeue)
+        result = {
+            "framework": self.framework, **b.describe(), **self._result_extras(),
+            "config": cfg.to_dict(), "world_size": self.world_size, "launcher": env.launcher, "ranks": per_rank,
+            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
+            if all(r["images_per_sec"] for r in per_rank) else None,
+            "final": self.history[-1] if self.history else None, "history": self.history,
+            "loss_log": self.loss_log, "global_step": self.global_step, "epoch": self.epoch,
+            "stopped_by": stopped_by, "requeue": requeue,
+            "versions": library_versions(), "environment": environment_fingerprint(),
+        }
+        if cfg.result_json and self.is_rank0:
+            write_json(cfg.result_json, result)
+            self.reporter.info(f"result file {cfg.result_json}")
+        self.reporter.close()
+        b.barrier()
+        b.shutdown()
+        return result
+
+    def _result_extras(self) -> dict:
+        return {}
