@@ -110,11 +110,20 @@ def test_imagefolder_of_real_images_trains(tmp_path):
 def test_fp16_allreduce_and_batches_per_allreduce(tmp_path):
     result, _ = run_trainer(tmp_path, "opts", "mpirun", 2,
                             ["--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--batch-size", "16",
-                             "--batches-per-allreduce", "2", "--fp16-allreduce", "--threads-per-rank", "1"])
+                             "--batches-per-allreduce", "2", "--fp16-allreduce", "--threads-per-rank", "1",
+                             "--log-dir", str(tmp_path / "tb")])
     # 1400 samples / 2 ranks / (16 x 2) per step
     assert result["global_step"] == 21
     assert result["config"]["global_batch_size"] == 64
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
+    # TensorBoard: one event file, written by rank 0, with the training and validation scalars.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = list((tmp_path / "tb").iterdir())
+    assert len(files) == 1, files
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert {"train/loss", "train/lr", "val/acc", "val/loss"} <= set(events.Tags()["scalars"])
+    assert events.Scalars("val/acc")[-1].value == pytest.approx(result["final"]["val_acc"])
 
 
 def test_adasum(tmp_path):
