@@ -54,6 +54,19 @@ def test_more_ranks_than_samples(tmp_path):
                 "--batch-size", "8", "--num-workers", "0"], "fewer than one step's 8")
 
 
+def test_more_ranks_than_validation_samples(tmp_path):
+    from PIL import Image
+
+    for split, count in (("train", 8), ("val", 1)):
+        folder = tmp_path / "tree" / split / "only"
+        folder.mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (8, 8), (i * 20, 0, 0)).save(folder / f"{i}.png")
+    fails_with(["--dataset", "imagefolder", "--data-dir", str(tmp_path / "tree"), "--model", "mnist_cnn",
+                "--image-size", "8", "--batch-size", "1", "--num-workers", "0"],
+               "the validation set has 1 samples, fewer than the 2 ranks")
+
+
 def test_unreadable_checkpoint_is_named(tmp_path):
     bad = tmp_path / "ckpt" / "ckpt-e0001-s00000010.pt"
     bad.parent.mkdir()
