@@ -52,6 +52,9 @@ def configs(a):
     trainer = [PY, "-m", "hvdtrain.torch", "--model", "resnet18", "--dataset", "synthetic", "--steps",
                str(a.steps + 2), "--warmup-steps", "2", "--batch-size", str(a.batch_size), "--image-size",
                str(a.image_size), "--synthetic-size", "256", "--threads-per-rank", "1", "--log-interval", "1000"]
+    def result(name):  # every rank's throughput, from the trainer's result file
+        return ["--result-json", os.path.join(a.out, f"{name}.json")]
+
     return {
         "compute-np1": (mpirun(1) + probe + ["--mode", "compute"], "probe"),
         "compute-x2": (mpirun(2) + probe + ["--mode", "compute"], "probe"),
@@ -59,21 +62,23 @@ def configs(a):
         "hvd-idle-x2-tuned": (mpirun(2, TUNED) + probe + ["--mode", "idle"], "probe"),
         "raw-hvd-np2": (mpirun(2) + raw, "raw"),
         "raw-hvd-np2-tuned": (mpirun(2, TUNED) + raw, "raw"),
-        "hvdtrain-np1": (mpirun(1) + trainer, "trainer"),
-        "hvdtrain-np2": (mpirun(2) + trainer, "trainer"),
-        "hvdtrain-np2-untuned": (mpirun(2) + trainer + ["--horovod-tuning", "off"], "trainer"),
-        "ddp-np2": (mpirun(2) + trainer + ["--backend", "ddp"], "trainer"),
+        "hvdtrain-np1": (mpirun(1) + trainer + result("hvdtrain-np1"), "trainer"),
+        "hvdtrain-np2": (mpirun(2) + trainer + result("hvdtrain-np2"), "trainer"),
+        "hvdtrain-np2-untuned": (mpirun(2) + trainer + ["--horovod-tuning", "off"] + result("hvdtrain-np2-untuned"),
+                                 "trainer"),
+        "ddp-np2": (mpirun(2) + trainer + ["--backend", "ddp"] + result("ddp-np2"), "trainer"),
     }
 
 
-def parse(kind, out):
+def parse(kind, out, result_path=None):
     """(total img/s, other-threads CPU in cores per rank or None) from a run's output."""
     if kind == "probe":
         rows = re.findall(r"PROBE rank=\d+ img/s=([0-9.]+) other_threads_cpu=([0-9.]+)", out)
         return sum(float(r[0]) for r in rows), statistics.mean(float(r[1]) for r in rows)
     if kind == "raw":
         return float(re.search(r"total: ([0-9.]+) img/s", out).group(1)), None
-    return float(re.findall(r"\| ([0-9.]+) img/s", out)[-1]), None
+    with open(result_path) as f:
+        return json.load(f)["throughput"]["total_images_per_sec"], None
 
 
 def main():
@@ -101,7 +106,7 @@ def main():
             if done.returncode != 0:
                 print(f"{name}: FAILED\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
                 continue
-            rate, other = parse(kind, done.stdout + done.stderr)
+            rate, other = parse(kind, done.stdout + done.stderr, os.path.join(a.out, f"{name}.json"))
             results[name].append(rate)
             if other is not None:
                 cpu[name].append(other)

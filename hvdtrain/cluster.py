@@ -87,6 +87,13 @@ class ClusterEnv:
         return cls("single", 0, 0, 1, 1, 1, [socket.gethostname()], job_id)
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (for a rendezvous whose port is then shared)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def _slurm_hosts(e) -> list[str]:
     return expand_hostlist(e.get("SLURM_JOB_NODELIST", "")) if "SLURM_JOB_NODELIST" in e else []
 

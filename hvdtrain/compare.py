@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,11 +56,13 @@ def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> di
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     started = time.time()
     with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.timeout,
-                                  start_new_session=True)
-            rc = done.returncode
+            rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
+            # The whole process group: ranks left behind would skew every later measurement.
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = "timeout"
     record = {"backend": backend, "np": np, "tag": tag, "command": cmd, "returncode": rc,
               "wall_seconds": time.time() - started, "log": log_path}

@@ -73,6 +73,12 @@ class TrainConfig:
             problems.append(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             problems.append(f"unknown LR schedule '{self.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
+        if self.log_interval < 1:
+            problems.append(f"--log-interval must be >= 1 (got {self.log_interval})")
+        if self.num_workers < 0:
+            problems.append(f"--num-workers must be >= 0 (got {self.num_workers})")
+        if self.resume and not self.checkpoint_dir:
+            problems.append("--resume needs --checkpoint-dir")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             problems.append(f"--threads-per-rank must be >= 1 (got {self.threads_per_rank})")
         if self.use_adasum and self.fp16_allreduce and self.framework == "tf":

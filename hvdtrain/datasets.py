@@ -18,6 +18,8 @@ from hvdtrain.errors import UsageError
 # 1797 digits: 397 (a prime, so exact sharding of the validation set is always exercised)
 # for validation, the other 1400 for training.
 DIGITS_VAL_SIZE = 397
+# ImageNet's channel statistics: imagefolder images are normalised with them in both frameworks.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 

@@ -22,9 +22,10 @@ def threads_per_rank(requested: int | None, local_world_size: int) -> int:
     if os.environ.get("SLURM_CPUS_PER_TASK"):
         return int(os.environ["SLURM_CPUS_PER_TASK"])
     allowed = len(os.sched_getaffinity(0))
-    if allowed < (os.cpu_count() or allowed):
-        return allowed  # the launcher bound this rank to its own cores already
-    return max(1, allowed // max(1, local_world_size))
+    # A launcher may have bound this rank to some cores (Open MPI: a core for 2 ranks, a socket
+    # beyond), which other ranks can share: never more than this rank's share of the node.
+    share = (os.cpu_count() or allowed) // max(1, local_world_size)
+    return max(1, min(allowed, share))
 
 
 class StopRequest:
@@ -53,7 +54,10 @@ def requeue_slurm_job(job_id: str | None) -> str:
     job id, and goes as one argument: never through a shell."""
     if not job_id or not _JOB_ID.match(job_id):
         return f"not requeued: '{job_id}' is not a Slurm job id"
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:  # rank 0 only: never raise past here
+        return f"scontrol requeue {job_id} failed: {err}"
     if done.returncode != 0:
         return f"scontrol requeue {job_id} failed: {done.stderr.strip() or done.stdout.strip()}"
     return f"job {job_id} requeued"

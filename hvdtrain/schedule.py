@@ -5,7 +5,7 @@
     >>> [round(f(s), 2) for s in (0, 5, 10, 50)]
     [0.5, 0.75, 1.0, 1.0]
 
-The result multiplies `cfg.lr`. It is the same curve as `hvdtrain.torch.train.lr_lambda`.
+The result multiplies `cfg.lr`; both trainers use it (torch through LambdaLR).
 """
 from __future__ import annotations
 

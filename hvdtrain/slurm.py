@@ -278,7 +278,10 @@ def render(job: Job, command: str) -> str:
         trainer.append('--checkpoint-dir "$RUN_DIR/checkpoints"')
     if not _has_option(job.trainer_args, "--result-json"):
         trainer.append('--result-json "$RUN_DIR/result.json"')
-    srun = " ".join(["srun", *map(shlex.quote, job.srun_options), "python", "-m", f"hvdtrain.{job.framework}"])
+    # --kill-on-bad-exit: a rank that dies takes the step down, instead of leaving the others
+    # waiting in a collective until the time limit.
+    srun = " ".join(["srun", "--kill-on-bad-exit=1", *map(shlex.quote, job.srun_options), "python", "-m",
+                     f"hvdtrain.{job.framework}"])
     lines.append(srun + " \\")
     lines += _wrap(trainer, "    ")
     return "\n".join(lines) + "\n"

@@ -56,8 +56,15 @@ class EpochTrainer:
         stopped_by = None
         while self.epoch < cfg.epochs and self.global_step < self.total_steps:
             train_metrics, stopped_by = self._train_epoch()
-            val_metrics = self._validate()
             epoch_done = self.step_in_epoch >= self.steps_per_epoch
+            if stopped_by:
+                # Checkpoint at once: after SIGTERM Slurm kills the job KillWait seconds later,
+                # too soon for a validation pass (the resumed run validates when it ends the epoch).
+                if epoch_done:
+                    self.epoch, self.step_in_epoch = self.epoch + 1, 0
+                self._save_checkpoint()
+                break
+            val_metrics = self._validate()
             record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
                       "global_step": self.global_step, **train_metrics, **val_metrics}
             self.history.append(record)
@@ -71,8 +78,6 @@ class EpochTrainer:
             if epoch_done:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self._save_checkpoint()
-            if stopped_by:
-                break
         return self._finish(stopped_by)
 
     def _finish(self, stopped_by: str | None) -> dict:

@@ -14,8 +14,6 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/scripts/env.sh"
 
 HOROVOD_VERSION=0.28.1
-TORCH_VERSION=2.14.1
-TF_VERSION=2.21.0
 PYTHON=${PYTHON:-python3.11}
 LOG_DIR=$HVDTRAIN_CACHE/logs
 mkdir -p "$LOG_DIR" "$HVDTRAIN_CACHE/wheels"
@@ -38,7 +36,7 @@ run_step() {
 
 # ---------------------------------------------------------------- apt
 APT_PACKAGES=(build-essential git openmpi-bin libopenmpi-dev slurm-wlm munge libpmix-dev
-              libpmix-bin procps curl)
+              libpmix-bin procps curl iproute2 python3.11-venv python3.11-dev)
 step_apt() (  # a subshell: its EXIT trap and exports stay inside
     export DEBIAN_FRONTEND=noninteractive
     # Debian's package scripts try to start the daemons; there is no init system here and the
@@ -68,7 +66,8 @@ command -v "$PYTHON" >/dev/null || { say "need $PYTHON (Python 3.11) on PATH"; e
 VENV_STAMP=$HVDTRAIN_VENV/.hvdtrain-deps
 deps_hash=$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)
 step_venv() {
-    [ -x "$HVDTRAIN_VENV/bin/python" ] || "$PYTHON" -m venv "$HVDTRAIN_VENV"
+    # A venv whose pip does not run (an interrupted creation) is made again.
+    "$HVDTRAIN_VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$PYTHON" -m venv --clear "$HVDTRAIN_VENV"
     "$HVDTRAIN_VENV/bin/python" -m pip install --upgrade "pip>=24" "setuptools>=70" wheel
     "$HVDTRAIN_VENV/bin/python" -m pip install -e "$REPO[test]" "cmake<4"
     echo "$deps_hash" >"$VENV_STAMP"
@@ -92,6 +91,9 @@ PY=$HVDTRAIN_VENV/bin/python
 GPU_OPS=cpu
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then GPU_OPS=nccl; fi
 PYTAG=$($PY -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+# The wheel is keyed by the versions really installed (the pins live in pyproject.toml).
+TORCH_VERSION=$($PY -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])')
+TF_VERSION=$($PY -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')
 HVD_KEY=horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$PYTAG-$GPU_OPS
 WHEEL_DIR=$HVDTRAIN_CACHE/wheels/$HVD_KEY
 
@@ -116,6 +118,10 @@ step_horovod_build() (  # a subshell: its EXIT trap, cd and exports stay inside
     if [ -n "$cuda" ]; then
         export CUDA_HOME=$cuda CUDAToolkit_ROOT=$cuda PATH=$cuda/bin:$PATH
         echo "CUDA toolkit: $cuda"
+    elif $PY -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
+        echo "torch is a CUDA build, so Horovod's CMake needs a CUDA toolkit, and none was found" \
+             "under /usr/local/cuda-*: install one (e.g. Debian's nvidia-cuda-toolkit) or a CPU build of torch"
+        exit 1
     fi
     tfi=$($PY -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
     export CXXFLAGS="-I$tfi/external/highwayhash -I$tfi/external/farmhash_archive/src ${CXXFLAGS:-}"
@@ -139,7 +145,8 @@ step_horovod_install() {
     echo "$HVD_KEY" >"$HVDTRAIN_VENV/.hvdtrain-horovod"
 }
 if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    say "step 'horovod-build': building $HVD_KEY (about 8-15 minutes on 2 cores)"
+    say "step 'horovod-build': building $HVD_KEY (about 6-15 minutes on 2 cores)"
+    rm -f "$HVDTRAIN_VENV/.hvdtrain-horovod"   # a new wheel is always installed
     run_step horovod-build step_horovod_build
 else
     say "step 'horovod-build': cached wheel $WHEEL_DIR"

@@ -41,8 +41,12 @@ loader = DataLoader(train, batch_size=args.batch_size * args.accumulate, sampler
 
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size() * args.accumulate, momentum=0.9)
+optimizer = hvd.DistributedOptimizer(                                              # Horovod
+    optimizer, named_parameters=model.named_parameters(),
+    compression=hvd.Compression.fp16, backward_passes_per_step=args.accumulate)
 start_epoch = 0
-# Horovod: only rank 0 reads the checkpoint; the epoch and the state are broadcast from it.
+# Horovod: only rank 0 reads the checkpoint; the epoch and the state are broadcast from it. The
+# optimizer state goes into the wrapped optimizer: DistributedOptimizer starts with an empty one.
 if hvd.rank() == 0 and os.path.exists(args.checkpoint):
     state = torch.load(args.checkpoint, weights_only=True)
     model.load_state_dict(state["model"])
@@ -50,9 +54,6 @@ if hvd.rank() == 0 and os.path.exists(args.checkpoint):
     start_epoch = state["epoch"]
     print(f"resumed from {args.checkpoint} at epoch {start_epoch}")
 start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)                       # Horovod
-optimizer = hvd.DistributedOptimizer(                                              # Horovod
-    optimizer, named_parameters=model.named_parameters(),
-    compression=hvd.Compression.fp16, backward_passes_per_step=args.accumulate)
 if start_epoch > 0:
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)                          # Horovod
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)                          # Horovod

@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from hvdtrain import datasets
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @dataclass
@@ -90,7 +89,7 @@ def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
 def _imagefolder(cfg) -> TFData:
     classes = datasets.check_imagefolder(cfg.data_dir)
     size = cfg.image_size
-    mean, std = tf.constant(IMAGENET_MEAN), tf.constant(IMAGENET_STD)
+    mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
     def loader(root: str, train: bool):
         paths, labels = _list_files(root, classes)

@@ -18,14 +18,8 @@ import socket
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster import ClusterEnv, free_port
 from hvdtrain.tf.backends import pin_gpu
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def cluster_resolver(env: ClusterEnv):
@@ -39,7 +33,7 @@ def cluster_resolver(env: ClusterEnv):
             jobs={"worker": env.world_size}, port_base=port_base, auto_set_gpu=False)
     from mpi4py import MPI
 
-    addresses = MPI.COMM_WORLD.allgather(f"{socket.gethostname()}:{_free_port()}")
+    addresses = MPI.COMM_WORLD.allgather(f"{socket.gethostname()}:{free_port()}")
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
                                           "task": {"type": "worker", "index": env.rank}})
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()

@@ -75,8 +75,6 @@ class Trainer(EpochTrainer):
         self.stop = StopRequest()
         if cfg.batches_per_allreduce != 1:
             raise UsageError("--batches-per-allreduce > 1 is not supported by hvdtrain.tf yet")
-        if cfg.resume and not cfg.checkpoint_dir:
-            raise UsageError("--resume needs --checkpoint-dir")
 
         self.data = d = build_data(cfg)
         check_enough_samples(d.val_size, self.world_size, "the validation set")

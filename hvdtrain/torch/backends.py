@@ -13,7 +13,7 @@ import socket
 import torch
 
 from hvdtrain import tuning
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster import ClusterEnv, free_port
 from hvdtrain.errors import UsageError
 
 
@@ -126,12 +126,6 @@ class HorovodBackend:
         self.hvd.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def ddp_rendezvous(env: ClusterEnv) -> tuple[str, int]:
     """Master address and port for DDP without torchrun: the first host of the allocation, and a
     port derived from the SLURM job id (step id too) or, under mpirun, picked free by rank 0 and
@@ -141,13 +135,16 @@ def ddp_rendezvous(env: ClusterEnv) -> tuple[str, int]:
     if env.launcher == "slurm" and env.job_id:
         step = int(os.environ.get("SLURM_STEP_ID", "0") or 0)
         return env.master_addr, 20000 + (int(env.job_id) * 16 + step) % 20000
+    if env.launcher == "horovodrun":
+        raise UsageError("--backend ddp under horovodrun needs MASTER_ADDR and MASTER_PORT exported "
+                         "(or launch with mpirun, srun or torchrun)")
     if env.launcher in ("openmpi", "slurm"):
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-        addr_port = comm.bcast((socket.gethostname(), _free_port()) if comm.rank == 0 else None, root=0)
+        addr_port = comm.bcast((socket.gethostname(), free_port()) if comm.rank == 0 else None, root=0)
         return addr_port
-    return "127.0.0.1", _free_port()
+    return "127.0.0.1", free_port()
 
 
 class DDPBackend:
@@ -164,7 +161,7 @@ class DDPBackend:
                               WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank))
         elif env.launcher == "single":
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method="env://")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()

@@ -9,7 +9,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 
 from hvdtrain import datasets
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class ArrayDataset(Dataset):
@@ -49,7 +48,7 @@ def build_datasets(cfg):
         from torchvision import datasets as tv_datasets, transforms as T
 
         classes = datasets.check_imagefolder(cfg.data_dir)
-        norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+        norm = T.Normalize(datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
         train_tf = T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
         val_tf = T.Compose([T.Resize(int(cfg.image_size * 1.14)), T.CenterCrop(cfg.image_size), T.ToTensor(), norm])
         train = tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf)

@@ -77,8 +77,6 @@ class Trainer(EpochTrainer):
         # resumed follows the same LR curve as one that never stopped).
         self.schedule_steps = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
-        if cfg.resume and not cfg.checkpoint_dir:
-            raise UsageError("--resume needs --checkpoint-dir")
 
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, in_channels, self.num_classes, image_size).to(self.device)
@@ -89,9 +87,8 @@ class Trainer(EpochTrainer):
 
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
         self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
-        saved, resumed_from = self._read_checkpoint()
-        if saved is not None:
-            model.load_state_dict(saved["model"])  # before DDP wraps it: DDP broadcasts rank 0's weights
+        # Rank 0 loads the model state here: before DDP wraps it, as DDP broadcasts rank 0's weights.
+        saved, resumed_from = self._read_checkpoint(model)
         self.model = b.wrap_model(model, self.device)
         # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
         # is a new optimizer object and would drop the state of the one it wraps.
@@ -128,9 +125,10 @@ class Trainer(EpochTrainer):
     def _checkpoint_config(self) -> dict:
         return {**self.cfg.to_dict(), "num_classes": self.num_classes}
 
-    def _read_checkpoint(self):
-        """Rank 0 reads the newest checkpoint; every rank learns whether it is usable, and all
-        fail together with the reason if not. Returns (state on rank 0 else None, path)."""
+    def _read_checkpoint(self, model):
+        """Rank 0 reads the newest checkpoint and loads the model state; every rank learns whether
+        it is usable, and all fail together with the reason if not (an error on rank 0 alone
+        would leave the others waiting in the next collective). Returns (state on rank 0, path)."""
         status, state = {"error": None, "path": None}, None
         if self.is_rank0 and self.cfg.checkpoint_dir:
             path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
@@ -139,6 +137,9 @@ class Trainer(EpochTrainer):
                     state = torch.load(path, map_location="cpu", weights_only=True)
                     ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
                                           self._checkpoint_config())
+                    model.load_state_dict(state["model"])
+                    # A trial load: the optimizer state must fit before the real one is wrapped.
+                    make_optimizer(self.cfg, model.parameters()).load_state_dict(state["optimizer"])
                     self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
                     self.global_step, self.history = state["global_step"], state["history"]
                     status["path"] = path
