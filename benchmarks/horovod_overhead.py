@@ -9,6 +9,7 @@ workload (batch 16 per rank, 224x224, one compute thread per rank, synthetic dat
   compute-x2         two independent processes, no Horovod    (the ceiling for 2 ranks)
   hvd-idle-x2        two processes after hvd.init(), no collective, Horovod defaults
   hvd-idle-x2-tuned  the same with hvdtrain's settings         (the idle loop's cost)
+  hvd-idle-x2-tuned-cycle10  the same with a 10 ms cycle        (is it the wake-ups?)
   raw-hvd-np2        Horovod's synthetic-benchmark loop (torch_examples/synthetic_benchmark.py), defaults
   raw-hvd-np2-tuned  the same loop with hvdtrain's settings
   hvdtrain-np1/np2   python -m hvdtrain.torch (auto settings)
@@ -60,6 +61,8 @@ def configs(a):
         "compute-x2": (mpirun(2) + probe + ["--mode", "compute"], "probe"),
         "hvd-idle-x2": (mpirun(2) + probe + ["--mode", "idle"], "probe"),
         "hvd-idle-x2-tuned": (mpirun(2, TUNED) + probe + ["--mode", "idle"], "probe"),
+        "hvd-idle-x2-tuned-cycle10": (mpirun(2, {**TUNED, "HOROVOD_CYCLE_TIME": "10"}) + probe + ["--mode", "idle"],
+                                      "probe"),
         "raw-hvd-np2": (mpirun(2) + raw, "raw"),
         "raw-hvd-np2-tuned": (mpirun(2, TUNED) + raw, "raw"),
         "hvdtrain-np1": (mpirun(1) + trainer + result("hvdtrain-np1"), "trainer"),

@@ -83,7 +83,7 @@ def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> di
     return record
 
 
-def summarize(measurements: list[dict], backends: list[str], nps: list[int]) -> list[dict]:
+def summarize(measurements: list[dict], backends: list[str], nps: list[int], with_accuracy: bool) -> list[dict]:
     rows = []
     for backend in backends:
         base = None
@@ -93,7 +93,8 @@ def summarize(measurements: list[dict], backends: list[str], nps: list[int]) -> 
             total = statistics.median(rates) if rates else None
             if np == 1:
                 base = total
-            accs = [m["val_acc"] for m in ok if m.get("val_acc") is not None]
+            # Random labels carry no accuracy: report it for accuracy workloads only.
+            accs = [m["val_acc"] for m in ok if m.get("val_acc") is not None] if with_accuracy else []
             rows.append({"backend": backend, "np": np, "repeats": len(ok),
                          "total_images_per_sec": total,
                          "images_per_sec_per_rank": total / np if total else None,
@@ -235,7 +236,7 @@ def main(argv=None) -> None:
 
     report = {"workload": vars(workload), "backends": backends, "nps": nps, "repeats": args.repeats,
               "threads_per_rank": args.threads_per_rank, "launcher": args.launcher,
-              "measurements": measurements, "summary": summarize(measurements, backends, nps),
+              "measurements": measurements, "summary": summarize(measurements, backends, nps, workload.purpose == "accuracy"),
               "parity": parity(measurements, nps, args.parity_steps, args.loss_tolerance,
                                args.accuracy_tolerance, workload.purpose == "accuracy"),
               "versions": library_versions(), "environment": environment_fingerprint()}
