@@ -3,7 +3,7 @@
 Why: Horovod's background thread runs a coordination collective every cycle (1 ms by default),
 and Open MPI busy-polls while it waits. On a rank with one or two cores (every CPU-only rank
 here, and GPU ranks with few cores per GPU) that polling takes the core from the compute
-thread: on 2 cores, ResNet-18 at 2 ranks fell from ~18 to ~7 img/s in total (see
+thread: on 2 cores, ResNet-18 at 2 ranks ran at ~12 img/s in total instead of ~19 (see
 docs/horovod-overhead.md). Letting MPI yield the core when idle gives it back.
 
 Only public knobs are set (environment variables read at `hvd.init()`/`MPI_Init`), and a value
