@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import socket
 
+from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
+from hvdtrain.errors import UsageError
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import requeue_slurm_job
 
@@ -48,6 +50,28 @@ class EpochTrainer:
         self.reporter.info(f"backend: {self.backend.describe()}")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+
+    def _restore_on_rank0(self, load) -> str | None:
+        """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with `load(path)`, which returns
+        (epoch, step_in_epoch, global_step, history); every rank learns the outcome and the
+        position, and all fail together with the reason: an error on rank 0 alone would leave the
+        others waiting in their next collective. Returns the checkpoint's path, or None."""
+        status = {"error": None, "path": None, "position": None}
+        if self.is_rank0 and self.cfg.checkpoint_dir:
+            path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
+            if path is not None:
+                try:
+                    status.update(path=path, position=load(path))
+                except UsageError as err:
+                    status["error"] = str(err)
+                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
+                    status["error"] = f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err})"
+        status = self.backend.broadcast_object(status, "restore_status")
+        if status["error"]:
+            raise UsageError(status["error"])
+        if status["position"] is not None:
+            self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
+        return status["path"]
 
     def train(self) -> dict:
         cfg = self.cfg

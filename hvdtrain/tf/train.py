@@ -96,7 +96,7 @@ class Trainer(EpochTrainer):
             self.loop = make_loop(cfg, keras, self.model, b, self)
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
         self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
-        resumed_from = self._restore()
+        resumed_from = self._restore_on_rank0(self._load)
         # Horovod: every rank starts from rank 0's weights and optimizer state. Horovod's examples
         # broadcast after the first step, when the optimizer has made its slots; here they exist
         # already, and broadcasting first keeps a resumed run's first step on the loaded weights.
@@ -112,26 +112,8 @@ class Trainer(EpochTrainer):
     def _checkpoint_config(self) -> dict:
         return {**self.cfg.to_dict(), "num_classes": self.data.num_classes}
 
-    def _restore(self) -> str | None:
-        """Rank 0 loads the newest checkpoint; every rank learns the outcome, and fails together."""
-        status = {"error": None, "path": None, "position": None}
-        if self.is_rank0 and self.cfg.checkpoint_dir:
-            path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
-            if path is not None:
-                try:
-                    status.update(path=path, position=self._load(path))
-                except UsageError as err:
-                    status["error"] = str(err)
-                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
-                    status["error"] = f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err})"
-        status = self.backend.broadcast_object(status, "restore_status")
-        if status["error"]:
-            raise UsageError(status["error"])
-        if status["position"] is not None:
-            self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
-        return status["path"]
-
     def _load(self, path: str):
+        """Rank 0: weights and optimizer slots from an .npz checkpoint; returns its position."""
         if not zipfile.is_zipfile(path):
             raise ValueError("not an .npz archive")
         with np.load(path, allow_pickle=False) as saved:

@@ -87,8 +87,9 @@ class Trainer(EpochTrainer):
 
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
         self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
-        # Rank 0 loads the model state here: before DDP wraps it, as DDP broadcasts rank 0's weights.
-        saved, resumed_from = self._read_checkpoint(model)
+        self._saved = None  # rank 0, after a resume: the checkpoint's state
+        resumed_from = self._restore_on_rank0(lambda path: self._load(path, model))
+        saved, self._saved = self._saved, None
         self.model = b.wrap_model(model, self.device)
         # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
         # is a new optimizer object and would drop the state of the one it wraps.
@@ -103,11 +104,7 @@ class Trainer(EpochTrainer):
                 self.scaler.load_state_dict(saved["scaler"])
         b.broadcast_state(model, self.optimizer, optimizer_state=resumed_from is not None)
         if resumed_from is not None:
-            # Step counters and the schedule's position travel as one object from rank 0.
-            position = b.broadcast_object((self.epoch, self.step_in_epoch, self.global_step, self.history,
-                                           self.scheduler.state_dict()))
-            self.epoch, self.step_in_epoch, self.global_step, self.history, sched = position
-            self.scheduler.load_state_dict(sched)
+            self.scheduler.load_state_dict(b.broadcast_object(self.scheduler.state_dict(), "scheduler"))
         if cfg.log_dir and self.is_rank0:
             self.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
         self.device_name = str(self.device)
@@ -125,32 +122,17 @@ class Trainer(EpochTrainer):
     def _checkpoint_config(self) -> dict:
         return {**self.cfg.to_dict(), "num_classes": self.num_classes}
 
-    def _read_checkpoint(self, model):
-        """Rank 0 reads the newest checkpoint and loads the model state; every rank learns whether
-        it is usable, and all fail together with the reason if not (an error on rank 0 alone
-        would leave the others waiting in the next collective). Returns (state on rank 0, path)."""
-        status, state = {"error": None, "path": None}, None
-        if self.is_rank0 and self.cfg.checkpoint_dir:
-            path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
-            if path is not None:
-                try:
-                    state = torch.load(path, map_location="cpu", weights_only=True)
-                    ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
-                                          self._checkpoint_config())
-                    model.load_state_dict(state["model"])
-                    # A trial load: the optimizer state must fit before the real one is wrapped.
-                    make_optimizer(self.cfg, model.parameters()).load_state_dict(state["optimizer"])
-                    self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-                    self.global_step, self.history = state["global_step"], state["history"]
-                    status["path"] = path
-                except UsageError as err:
-                    status["error"] = str(err)
-                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
-                    status["error"] = f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err})"
-        status = self.backend.broadcast_object(status)
-        if status["error"]:
-            raise UsageError(status["error"])
-        return (state if status["path"] else None), status["path"]
+    def _load(self, path: str, model):
+        """Rank 0: the checkpoint's model state now (before DDP wraps the model: DDP broadcasts
+        rank 0's weights); the rest is kept for the optimizer once wrapped. Returns its position."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
+                              self._checkpoint_config())
+        model.load_state_dict(state["model"])
+        # A trial load: the optimizer state must fit now, while a failure still reaches every rank.
+        make_optimizer(self.cfg, model.parameters()).load_state_dict(state["optimizer"])
+        self._saved = state
+        return state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]
 
     # ------------------------------------------------------------------ the loop
     def _param_arrays(self):
