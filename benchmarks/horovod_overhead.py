@@ -10,6 +10,8 @@ workload (batch 16 per rank, 224x224, one compute thread per rank, synthetic dat
   hvd-idle-x2        two processes after hvd.init(), no collective, Horovod defaults
   hvd-idle-x2-tuned  the same with hvdtrain's settings         (the idle loop's cost)
   hvd-idle-x2-tuned-cycle10  the same with a 10 ms cycle        (is it the wake-ups?)
+  allreduce-only-np2-tuned  only the step's gradient allreduce, no compute (its img/s: batch / allreduce time)
+  sequential-np2-tuned  backward, then one grouped allreduce: compute and communication not overlapped
   raw-hvd-np2        Horovod's synthetic-benchmark loop (torch_examples/synthetic_benchmark.py), defaults
   raw-hvd-np2-tuned  the same loop with hvdtrain's settings
   hvdtrain-np1/np2   python -m hvdtrain.torch (auto settings)
@@ -63,6 +65,8 @@ def configs(a):
         "hvd-idle-x2-tuned": (mpirun(2, TUNED) + probe + ["--mode", "idle"], "probe"),
         "hvd-idle-x2-tuned-cycle10": (mpirun(2, {**TUNED, "HOROVOD_CYCLE_TIME": "10"}) + probe + ["--mode", "idle"],
                                       "probe"),
+        "allreduce-only-np2-tuned": (mpirun(2, TUNED) + probe + ["--mode", "allreduce"], "probe"),
+        "sequential-np2-tuned": (mpirun(2, TUNED) + probe + ["--mode", "sequential"], "probe"),
         "raw-hvd-np2": (mpirun(2) + raw, "raw"),
         "raw-hvd-np2-tuned": (mpirun(2, TUNED) + raw, "raw"),
         "hvdtrain-np1": (mpirun(1) + trainer + result("hvdtrain-np1"), "trainer"),
@@ -131,6 +135,10 @@ def main():
         "wrapper cost: hvdtrain-np2 / raw-hvd-np2-tuned (target >= 0.98)": ratio("hvdtrain-np2", "raw-hvd-np2-tuned"),
         "tuning gain: hvdtrain-np2 / hvdtrain-np2-untuned": ratio("hvdtrain-np2", "hvdtrain-np2-untuned"),
         "tuning gain raw: raw-hvd-np2-tuned / raw-hvd-np2": ratio("raw-hvd-np2-tuned", "raw-hvd-np2"),
+        # Rates are batch / time per step, so a rate ratio is the inverse time ratio.
+        "allreduce time / step time: hvdtrain-np2 / allreduce-only-np2-tuned": ratio("hvdtrain-np2",
+                                                                                       "allreduce-only-np2-tuned"),
+        "overlap gain: hvdtrain-np2 / sequential-np2-tuned": ratio("hvdtrain-np2", "sequential-np2-tuned"),
     }
     lines = [f"ResNet-18, batch {a.batch_size}, {a.image_size}x{a.image_size}, 1 thread per rank, "
              f"{a.steps} timed steps, median of {a.repeats}; hvdtrain settings: {TUNED}", "",

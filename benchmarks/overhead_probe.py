@@ -1,7 +1,9 @@
 """One rank of the overhead study: train ResNet-18 on random images, with or without Horovod.
 
-    mpirun -np 2 python benchmarks/overhead_probe.py --mode compute   # no Horovod at all
-    mpirun -np 2 python benchmarks/overhead_probe.py --mode idle      # hvd.init(), no collective
+    mpirun -np 2 python benchmarks/overhead_probe.py --mode compute     # no Horovod at all
+    mpirun -np 2 python benchmarks/overhead_probe.py --mode idle        # hvd.init(), no collective
+    mpirun -np 2 python benchmarks/overhead_probe.py --mode allreduce   # only the gradient allreduce
+    mpirun -np 2 python benchmarks/overhead_probe.py --mode sequential  # backward, then allreduce: no overlap
 
 Each process times its own steps and prints `PROBE rank=R img/s=X other_threads_cpu=Y`, where Y
 is the CPU time of all threads but the main one, in cores (1.0 = a whole core), over the timed
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 import torchvision
 
 p = argparse.ArgumentParser()
-p.add_argument("--mode", choices=("compute", "idle"), required=True)
+p.add_argument("--mode", choices=("compute", "idle", "allreduce", "sequential"), required=True)
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--image-size", type=int, default=224)
 p.add_argument("--steps", type=int, default=6)
@@ -27,10 +29,10 @@ args = p.parse_args()
 
 torch.set_num_threads(1)
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
-if args.mode == "idle":
+if args.mode != "compute":
     import horovod.torch as hvd
 
-    hvd.init()  # the background thread starts cycling; nothing is ever reduced
+    hvd.init()  # the background thread starts cycling (idle: nothing is ever reduced)
     rank = hvd.rank()
 
 model = torchvision.models.resnet18(weights=None)
@@ -39,9 +41,21 @@ x = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
 y = torch.randint(0, 1000, (args.batch_size,))
 
 
+grads = [torch.zeros_like(p) for p in model.parameters()]
+
+
 def step():
+    if args.mode == "allreduce":
+        # The step's communication alone: every gradient, reduced as Horovod's optimizer would.
+        hvd.grouped_allreduce(grads, op=hvd.Average, name="grads")
+        return
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
+    if args.mode == "sequential":
+        # All gradients reduced after the whole backward pass: no overlap with compute.
+        reduced = hvd.grouped_allreduce([p.grad for p in model.parameters()], op=hvd.Average, name="grads")
+        for p, g in zip(model.parameters(), reduced):
+            p.grad.copy_(g)
     opt.step()
 
 
