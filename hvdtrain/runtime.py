@@ -41,10 +41,6 @@ class StopRequest:
     def _handler(self, signum, frame):
         self.signal_name = signal.Signals(signum).name
 
-    @property
-    def requested(self) -> bool:
-        return self.signal_name is not None
-
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 

@@ -14,6 +14,7 @@ import socket
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
+from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import requeue_slurm_job
@@ -50,6 +51,22 @@ class EpochTrainer:
         self.reporter.info(f"backend: {self.backend.describe()}")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+
+    def _plan_steps(self, train_size: int, val_size: int) -> None:
+        """Steps per epoch, for the schedule and in all, from the data sizes; too little data for
+        the ranks is a usage error, found alike on every rank before any collective."""
+        cfg = self.cfg
+        check_enough_samples(val_size, self.world_size, "the validation set")
+        check_enough_samples(train_size, self.world_size, "the training set")
+        per_rank, per_step = train_size // self.world_size, cfg.batch_size * cfg.batches_per_allreduce
+        self.steps_per_epoch = per_rank // per_step  # drop_last: every rank runs as many steps
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"each of the {self.world_size} ranks gets {per_rank} training samples, fewer than "
+                             f"one step's {per_step} (--batch-size x --batches-per-allreduce)")
+        # The schedule spans all epochs; --steps only stops early (a run stopped by --steps and
+        # resumed follows the same LR curve as one that never stopped).
+        self.schedule_steps = cfg.epochs * self.steps_per_epoch
+        self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
 
     def _restore_on_rank0(self, load) -> str | None:
         """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with `load(path)`, which returns

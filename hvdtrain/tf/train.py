@@ -22,7 +22,6 @@ import tensorflow as tf
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
-from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.runtime import StopRequest, threads_per_rank
@@ -77,15 +76,7 @@ class Trainer(EpochTrainer):
             raise UsageError("--batches-per-allreduce > 1 is not supported by hvdtrain.tf yet")
 
         self.data = d = build_data(cfg)
-        check_enough_samples(d.val_size, self.world_size, "the validation set")
-        check_enough_samples(d.train_size, self.world_size, "the training set")
-        self.steps_per_epoch = (d.train_size // self.world_size) // cfg.batch_size
-        if self.steps_per_epoch == 0:
-            raise UsageError(f"each of the {self.world_size} ranks gets {d.train_size // self.world_size} "
-                             f"training samples, fewer than one --batch-size ({cfg.batch_size})")
-        # The schedule spans all epochs; --steps only stops early (as in hvdtrain.torch).
-        self.schedule_steps = cfg.epochs * self.steps_per_epoch
-        self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
+        self._plan_steps(d.train_size, d.val_size)
 
         # The same seed on every rank: tf.distribute mirrors Keras' random-seed state from worker 0
         # (dropout draws the same masks on every worker), and Horovod's path does the same so that

@@ -75,10 +75,6 @@ def val_loader(dataset, cfg, rank: int, world_size: int):
     return DataLoader(shard, batch_size=cfg.batch_size, shuffle=False, num_workers=_workers(dataset, cfg))
 
 
-def steps_per_epoch(dataset, cfg, world_size: int) -> int:
-    return (len(dataset) // world_size) // (cfg.batch_size * cfg.batches_per_allreduce)
-
-
 def _workers(dataset, cfg) -> int:
     # In-memory arrays are indexed faster in the main process than sent from workers.
     return 0 if isinstance(dataset, ArrayDataset) else cfg.num_workers

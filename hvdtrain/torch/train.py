@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig, build_parser, config_from_args
-from hvdtrain.datasets import check_enough_samples, check_imagefolder
+from hvdtrain.datasets import check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.schedule import lr_factor
@@ -65,18 +65,7 @@ class Trainer(EpochTrainer):
             raise UsageError("--amp needs a CUDA GPU; this rank has none")
 
         self.train_ds, self.val_ds, in_channels, self.num_classes, image_size = data.build_datasets(cfg)
-        check_enough_samples(len(self.val_ds), self.world_size, "the validation set")
-        check_enough_samples(len(self.train_ds), self.world_size, "the training set")
-        self.steps_per_epoch = data.steps_per_epoch(self.train_ds, cfg, self.world_size)
-        if self.steps_per_epoch == 0:
-            raise UsageError(
-                f"each of the {self.world_size} ranks gets {len(self.train_ds) // self.world_size} training "
-                f"samples, fewer than one step's {cfg.batch_size * cfg.batches_per_allreduce} "
-                "(--batch-size x --batches-per-allreduce)")
-        # The schedule spans all epochs; --steps only stops early (a run stopped by --steps and
-        # resumed follows the same LR curve as one that never stopped).
-        self.schedule_steps = cfg.epochs * self.steps_per_epoch
-        self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
+        self._plan_steps(len(self.train_ds), len(self.val_ds))
 
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, in_channels, self.num_classes, image_size).to(self.device)
