@@ -96,6 +96,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                     f"{name}: {pr.note}" for name, pr in PRESETS.items()))
     p.add_argument("--preset", choices=sorted(PRESETS), help="a site's node shape and rules")
     p.add_argument("--framework", choices=("torch", "tf"), default="torch")
+    p.add_argument("--doctor", action="store_true",
+                   help="a short job that checks the stack on these nodes (python -m hvdtrain.doctor) "
+                        "instead of training; options after `--` go to the doctor")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpus-per-node", type=int, help="GPUs to use per node (default: the preset's node, else 1)")
     p.add_argument("--tasks-per-node", type=int, help="ranks per node (default: one per GPU; 1 with --cpu-only)")
@@ -142,6 +145,11 @@ class Job:
     setup: tuple
     trainer_args: tuple
     note: str
+    doctor: bool = False
+
+    @property
+    def module(self) -> str:
+        return "hvdtrain.doctor" if self.doctor else f"hvdtrain.{self.framework}"
 
 
 def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
@@ -182,16 +190,20 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
                          f"but a node has {cores}")
 
     limit = parse_time_limit(args.time)
-    if limit == 0:
+    # The doctor is a check of a few seconds: no stop signal, no requeue.
+    if limit == 0 and not args.doctor:
         raise UsageError("--time 0 means no time limit: there is no end for --signal-lead to count back from")
     if not 0 < args.signal_lead <= 65535:
         raise UsageError(f"--signal-lead must be 1..65535 seconds (got {args.signal_lead})")
-    if args.signal_lead >= limit:
+    if args.signal_lead >= limit and not args.doctor:
         raise UsageError(f"--signal-lead {args.signal_lead} s is not shorter than the time limit "
                          f"--time {args.time} ({limit} s): the job would be told to stop before it starts")
 
     trainer_args = list(trainer_args)
-    _check_trainer_args(args.framework, trainer_args)
+    if args.doctor:
+        _check_doctor_args(trainer_args)
+    else:
+        _check_trainer_args(args.framework, trainer_args)
     hint = args.hint if args.hint is not None else (preset.hint if preset else None)
     partition = args.partition if args.partition is not None else (preset.partition if preset else None)
     for name in ("partition", "account", "reservation", "qos", "job_name"):
@@ -200,8 +212,10 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
             raise UsageError(f"--{name.replace('_', '-')} '{value}' has characters Slurm names do not")
     note = preset.note if preset else ("CPU-only" if args.cpu_only else "generic GPU nodes")
     return Job(args.framework, args.nodes, tasks, gpus, cpus, args.time, args.signal_lead, hint, partition,
-               args.account, args.reservation, args.qos, args.job_name or f"hvdtrain-{args.framework}",
-               tuple(args.sbatch_option), tuple(args.srun_option), tuple(args.setup), tuple(trainer_args), note)
+               args.account, args.reservation, args.qos,
+               args.job_name or ("hvdtrain-doctor" if args.doctor else f"hvdtrain-{args.framework}"),
+               tuple(args.sbatch_option), tuple(args.srun_option), tuple(args.setup), tuple(trainer_args), note,
+               args.doctor)
 
 
 def _check_trainer_args(framework: str, trainer_args: list[str]) -> None:
@@ -212,6 +226,17 @@ def _check_trainer_args(framework: str, trainer_args: list[str]) -> None:
     parser = build_parser(framework, [], f"python -m hvdtrain.{framework}")
     parser.error = refuse
     parser.parse_args(trainer_args)
+
+
+def _check_doctor_args(doctor_args: list[str]) -> None:
+    from hvdtrain.doctor import build_parser as doctor_parser
+
+    def refuse(message):
+        raise UsageError(f"doctor option: {message}")
+
+    parser = doctor_parser()
+    parser.error = refuse
+    parser.parse_args(doctor_args)
 
 
 # ---------------------------------------------------------------------------------- the script
@@ -240,19 +265,20 @@ def render(job: Job, command: str) -> str:
                f"{job.tasks_per_node * job.cpus_per_task} per node"))
     if job.hint:
         sb.append(("hint", job.hint, "physical cores only" if job.hint == "nomultithread" else None))
-    sb += [("time", job.time, "time limit"),
-           # No "B:": Slurm signals every task of every step (the ranks), not the batch shell.
-           ("signal", f"USR1@{job.signal_lead}",
-            "each rank: checkpoint, requeue, exit (Slurm may send it up to 60 s early)"),
-           ("requeue", None, "the trainer requeues the job; it then resumes from its checkpoint"),
-           ("open-mode", "append", "a requeued run appends to the same log"),
-           ("output", "%x-%j.out", "log: job name and id")]
+    sb.append(("time", job.time, "time limit"))
+    if not job.doctor:
+        # No "B:": Slurm signals every task of every step (the ranks), not the batch shell.
+        sb += [("signal", f"USR1@{job.signal_lead}",
+                "each rank: checkpoint, requeue, exit (Slurm may send it up to 60 s early)"),
+               ("requeue", None, "the trainer requeues the job; it then resumes from its checkpoint"),
+               ("open-mode", "append", "a requeued run appends to the same log")]
+    sb.append(("output", "%x-%j.out", "log: job name and id"))
     for name in ("partition", "account", "reservation", "qos"):
         if getattr(job, name):
             sb.append((name, getattr(job, name), None))
     lines = ["#!/bin/bash", CREDIT + command,
              f"# {job.note}: {job.nodes} node(s) x {job.tasks_per_node} rank(s) = {total} rank(s), "
-             f"python -m hvdtrain.{job.framework}."]
+             f"python -m {job.module}."]
     for name, value, why in sb:
         directive = f"#SBATCH --{name}" + ("" if value is None else f"={value}")
         lines.append(f"{directive:<37} # {why}" if why else directive)
@@ -262,6 +288,18 @@ def render(job: Job, command: str) -> str:
         "set -euo pipefail",
         "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch.",
         'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
+    ]
+    if job.doctor:
+        return "\n".join(lines + [
+            "# The job inherits the environment sbatch was run from (python with hvdtrain and Horovod);",
+            "# or load it here, e.g. `module load ...` or `source venv/bin/activate` (--setup).",
+            *job.setup,
+            "# Versions, Horovod's ops, ranks/GPUs/cores per node, a correctness check and the allreduce",
+            "# bandwidth; the last line is the verdict and the exit code 0 means ready.",
+            " ".join(["srun", "--kill-on-bad-exit=1", *map(shlex.quote, job.srun_options), "python", "-m",
+                      job.module, *map(_shell_word, job.trainer_args)]),
+        ]) + "\n"
+    lines += [
         "# `scancel --full -s USR1` also signals this shell, whose default would be to die: the ranks act on it.",
         "trap 'echo \"batch shell: USR1 left to the ranks\"' USR1",
         "# Checkpoints and the result file. The job id survives a requeue, so a requeued job finds its",
@@ -281,7 +319,7 @@ def render(job: Job, command: str) -> str:
     # --kill-on-bad-exit: a rank that dies takes the step down, instead of leaving the others
     # waiting in a collective until the time limit.
     srun = " ".join(["srun", "--kill-on-bad-exit=1", *map(shlex.quote, job.srun_options), "python", "-m",
-                     f"hvdtrain.{job.framework}"])
+                     job.module])
     lines.append(srun + " \\")
     lines += _wrap(trainer, "    ")
     return "\n".join(lines) + "\n"

@@ -21,3 +21,9 @@ edit horovod/torch/CMakeLists.txt 's/list(APPEND PYTORCH_LINKER_LIBS gloo)/list(
 # TF 2.21 no longer ships the XLA headers the optional XLA custom-call ops include.
 edit horovod/tensorflow/CMakeLists.txt '/xla_mpi_ops.cc/d' \
      "drop optional XLA ops" 'xla_mpi_ops.cc'
+# A CPU build needs no CUDA toolkit, even against PyPI's CUDA build of torch: Horovod decides
+# "torch has CUDA" from torch.utils.cpp_extension.CUDA_HOME, which any nvcc on PATH or
+# /usr/local/cuda sets, and then requires a full toolkit. HVDTRAIN_TORCH_CPU_OPS=1 says no.
+edit cmake/Modules/FindPytorch.cmake \
+     "s/(CUDA_HOME is not None)) else False)/(CUDA_HOME is not None) and __import__('os').environ.get('HVDTRAIN_TORCH_CPU_OPS') != '1') else False)/" \
+     "CPU ops without a CUDA toolkit (HVDTRAIN_TORCH_CPU_OPS=1)" '(CUDA_HOME is not None)) else False)'

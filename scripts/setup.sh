@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Set up everything hvdtrain needs on a Debian 12 machine, as root:
-#   bash scripts/setup.sh
+# Set up everything hvdtrain needs, on a bare Debian machine or on an HPC cluster:
+#   bash scripts/setup.sh              # chooses by what it finds: root with apt -> bare, else cluster
+#   bash scripts/setup.sh --bare       # Debian 12 as root: apt packages, pinned stack, Horovod build
+#   bash scripts/setup.sh --cluster    # no root, no apt: modules on PATH, site packages kept
+#   bash scripts/setup.sh --frameworks torch   # only the torch stack (default: bare both;
+#                                              # cluster: those the site already has, else both)
 # Steps (each logged to $HVDTRAIN_CACHE/logs/<step>.log, each skipped when already done):
-#   apt      OpenMPI, compilers, Slurm + munge
-#   venv     the virtual environment with the pinned packages of pyproject.toml
-#   horovod  Horovod 0.28.1 from its PyPI sdist, patched for torch 2.14 / TF 2.21, built once
-#            and cached by (Horovod, torch, TF, Python, CPU|NCCL), then installed in the venv
-#   check    `horovodrun --check-build`: TensorFlow, PyTorch, MPI and Gloo must all be marked
+#   system   bare: apt (OpenMPI, compilers, Slurm + munge); cluster: nothing is installed, the
+#            tools are checked by what they can do and each missing one is named with its module
+#   venv     the virtual environment. Bare: the exact stack of constraints/debian12-py311.txt.
+#            Cluster: layered on the site's packages (--system-site-packages; a module's
+#            PYTHONPATH works too); torch/torchvision/TensorFlow that import are pinned, never
+#            reinstalled; only what is missing comes from PyPI.
+#   horovod  a site Horovod whose ops load is used as it is; otherwise Horovod 0.28.1 from its
+#            PyPI sdist, patched for current torch/TF, built against the MPI on PATH and cached
+#            by everything that makes the wheel differ, then installed in the venv
+#   check    `horovodrun --check-build`: the wanted frameworks and MPI and Gloo must be marked
 # Idempotent: a second run only checks and finishes in well under a minute.
 set -euo pipefail
 
@@ -14,30 +23,57 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/scripts/env.sh"
 
 HOROVOD_VERSION=0.28.1
-PYTHON=${PYTHON:-python3.11}
+MIN_PYTHON=3.10
+LOCK=$REPO/constraints/debian12-py311.txt
 LOG_DIR=$HVDTRAIN_CACHE/logs
-mkdir -p "$LOG_DIR" "$HVDTRAIN_CACHE/wheels"
+WHEEL_CACHE=${HVDTRAIN_WHEEL_CACHE:-$HVDTRAIN_CACHE/wheels}
 
 say() { printf '[setup] %s\n' "$*"; }
+die() { say "$*"; exit 1; }
 
-# Run one step with its output in its own log; on failure name the step and the log.
+MODE=auto FRAMEWORKS=auto
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bare) MODE=bare ;;
+        --cluster) MODE=cluster ;;
+        --frameworks) FRAMEWORKS=${2:?--frameworks needs torch, tf or torch,tf}; shift ;;
+        --frameworks=*) FRAMEWORKS=${1#*=} ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (see: bash scripts/setup.sh --help)" ;;
+    esac
+    shift
+done
+if [ "$MODE" = auto ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then
+        MODE=bare
+    else
+        MODE=cluster
+    fi
+fi
+mkdir -p "$LOG_DIR" "$WHEEL_CACHE"
+
+# Run one step with its output in its own log; on failure name the step and the log, and stop.
+# The step runs in a subshell with `set -e` of its own: called as `if ! step` (or with || / &&)
+# bash would switch errexit off inside it, and a failed command would go unnoticed.
 run_step() {
     local name=$1; shift
-    local log=$LOG_DIR/$name.log
-    local start=$SECONDS
-    if ! "$@" >"$log" 2>&1; then
-        say "step '$name' FAILED after $((SECONDS - start)) s; last lines of $log:"
+    local log=$LOG_DIR/$name.log rc start=$SECONDS
+    set +e
+    ( set -e; "$@" ) >"$log" 2>&1
+    rc=$?
+    set -e
+    if [ "$rc" -ne 0 ]; then
+        say "step '$name' FAILED (exit $rc) after $((SECONDS - start)) s; last lines of $log:"
         tail -n 40 "$log" | sed 's/^/    /'
-        say "step '$name' failed: see $log"
-        exit 1
+        die "step '$name' failed: see $log"
     fi
     say "step '$name' done in $((SECONDS - start)) s (log: $log)"
 }
 
-# ---------------------------------------------------------------- apt
+# ---------------------------------------------------------------- system
 APT_PACKAGES=(build-essential git openmpi-bin libopenmpi-dev slurm-wlm munge libpmix-dev
               libpmix-bin procps curl iproute2 python3.11-venv python3.11-dev)
-step_apt() (  # a subshell: its EXIT trap and exports stay inside
+step_apt() {
     export DEBIAN_FRONTEND=noninteractive
     # Debian's package scripts try to start the daemons; there is no init system here and the
     # project starts its own cluster (scripts/slurm-cluster.sh), so forbid that.
@@ -47,7 +83,7 @@ step_apt() (  # a subshell: its EXIT trap and exports stay inside
     fi
     apt-get update
     apt-get install -y --no-install-recommends "${APT_PACKAGES[@]}"
-)
+}
 apt_missing() {
     local p
     for p in "${APT_PACKAGES[@]}"; do
@@ -55,121 +91,260 @@ apt_missing() {
     done
     return 1
 }
-if [ "$(id -u)" != 0 ] && apt_missing; then
-    say "system packages missing and not root: install as root: apt-get install ${APT_PACKAGES[*]}"
-    exit 1
+
+# The tools set-up and hvdtrain need, checked by what they do (a cluster has no dpkg to ask).
+# Each missing one gets one line naming the module that usually provides it.
+check_tools() {
+    local missing=0 v
+    if ! command -v mpicc >/dev/null && ! command -v mpicxx >/dev/null; then
+        say "missing: an MPI compiler wrapper (mpicc/mpicxx) on PATH -- e.g. 'module load openmpi' (Jean Zay), 'module load OpenMPI' or 'ParaStationMPI' (JUWELS)"
+        missing=1
+    fi
+    if ! command -v mpirun >/dev/null && ! command -v mpiexec >/dev/null && ! command -v srun >/dev/null; then
+        say "missing: an MPI launcher (srun, mpirun or mpiexec) on PATH -- the same MPI module, or Slurm's"
+        missing=1
+    fi
+    if ! command -v "${CXX:-g++}" >/dev/null && ! command -v c++ >/dev/null; then
+        say "missing: a C++ compiler (g++ or \$CXX) with C++20 -- e.g. 'module load gcc' (Jean Zay), 'module load GCC' (JUWELS)"
+        missing=1
+    fi
+    if ! command -v "$PYTHON" >/dev/null; then
+        say "missing: $PYTHON (Python >= $MIN_PYTHON) on PATH -- e.g. 'module load python' (Jean Zay), 'module load Python' (JUWELS), or set PYTHON=..."
+        missing=1
+    elif ! v=$("$PYTHON" -c "import sys; print('%d.%d' % sys.version_info[:2]); sys.exit(sys.version_info[:2] < tuple(map(int, '$MIN_PYTHON'.split('.'))))"); then
+        say "missing: Python >= $MIN_PYTHON ($PYTHON is $v) -- load a newer Python module or set PYTHON=..."
+        missing=1
+    elif ! "$PYTHON" -c "import venv, ensurepip" 2>/dev/null; then
+        say "missing: the venv module of $PYTHON (Debian: python3-venv) -- use the Python of a module"
+        missing=1
+    elif ! "$PYTHON" -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
+        say "missing: Python.h for $PYTHON (the headers, needed to build Horovod) -- use the Python of a module, or python3-dev"
+        missing=1
+    fi
+    return "$missing"
+}
+
+if [ "$MODE" = bare ]; then
+    PYTHON=${PYTHON:-python3.11}
+    [ "$(id -u)" = 0 ] || die "--bare installs Debian packages and needs root; without root use --cluster"
+    if apt_missing; then run_step apt step_apt; else say "step 'system': all Debian packages present"; fi
+else
+    PYTHON=${PYTHON:-python3}
+    say "cluster mode: nothing is installed system-wide; checking the tools on PATH"
 fi
-if apt_missing; then run_step apt step_apt; else say "step 'apt': all system packages present"; fi
+check_tools || die "step 'system': load the modules named above (or put the tools on PATH), then run set-up again"
+say "step 'system': MPI $(command -v mpicc || command -v mpicxx), launcher $(command -v srun || command -v mpirun || command -v mpiexec), $("$PYTHON" -c 'import sys; print("Python", sys.version.split()[0])')"
+
+# Which MPI the Horovod wheel is built against (a wheel built on Open MPI does not run on MPICH).
+mpi_id() {
+    local line
+    line=$( (mpirun --version || mpiexec --version) 2>/dev/null | grep -m1 -iE "open mpi|mpich|intel|version" || true)
+    case "$line" in
+        *"Open MPI"*) echo "openmpi$(echo "$line" | grep -oE '[0-9]+(\.[0-9]+)+' | head -1)" ;;
+        *) echo "mpi$( (mpicc -show 2>/dev/null; echo "$line") | sha256sum | cut -c1-8)" ;;
+    esac
+}
 
 # ---------------------------------------------------------------- venv
-command -v "$PYTHON" >/dev/null || { say "need $PYTHON (Python 3.11) on PATH"; exit 1; }
+GPU=0
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then GPU=1; fi
 VENV_STAMP=$HVDTRAIN_VENV/.hvdtrain-deps
-deps_hash=$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)
-step_venv() {
-    # A venv whose pip does not run (an interrupted creation) is made again.
-    "$HVDTRAIN_VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$PYTHON" -m venv --clear "$HVDTRAIN_VENV"
-    "$HVDTRAIN_VENV/bin/python" -m pip install --upgrade "pip>=24" "setuptools>=70" wheel
-    "$HVDTRAIN_VENV/bin/python" -m pip install -e "$REPO[test]" "cmake<4"
-    echo "$deps_hash" >"$VENV_STAMP"
+VENV_FLAGS=()
+[ "$MODE" = cluster ] && [ "${HVDTRAIN_SYSTEM_SITE_PACKAGES:-1}" = 1 ] && VENV_FLAGS=(--system-site-packages)
+
+# A venv whose python does not run (an interrupted creation, a Python module not loaded) is made again.
+if ! "$HVDTRAIN_VENV/bin/python" -c "" >/dev/null 2>&1; then rm -f "$VENV_STAMP"; fi
+make_venv() {
+    if ! "$HVDTRAIN_VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+        "$PYTHON" -m venv --clear "${VENV_FLAGS[@]}" "$HVDTRAIN_VENV"
+    fi
 }
-if [ "$(cat "$VENV_STAMP" 2>/dev/null)" != "$deps_hash" ]; then
+PY=$HVDTRAIN_VENV/bin/python
+[ -x "$PY" ] || run_step venv-create make_venv
+
+if [ "$FRAMEWORKS" = auto ]; then
+    if [ "$MODE" = bare ]; then
+        FRAMEWORKS="torch tf"
+    else
+        FRAMEWORKS=$("$PY" "$REPO/scripts/stack.py" frameworks)
+        [ -n "$FRAMEWORKS" ] || FRAMEWORKS="torch tf"
+    fi
+fi
+FRAMEWORKS=$(echo "$FRAMEWORKS" | tr ',' ' ' | xargs -n1 | sort -u | xargs)
+for fw in $FRAMEWORKS; do
+    case "$fw" in torch|tf) ;; *) die "--frameworks: '$fw' is not torch or tf" ;; esac
+done
+EXTRAS=test
+for fw in $FRAMEWORKS; do
+    if [ "$fw" = tf ] && [ "$GPU" = 1 ]; then EXTRAS="$EXTRAS,tf-gpu"; else EXTRAS="$EXTRAS,$fw"; fi
+done
+
+KEEP=$HVDTRAIN_VENV/hvdtrain-keep.txt
+deps_key() {
+    {
+        echo "$MODE $FRAMEWORKS $EXTRAS ${VENV_FLAGS[*]:-}"
+        cat "$REPO/pyproject.toml"
+        if [ "$MODE" = bare ]; then cat "$LOCK"; fi
+        # On a cluster: redo when the site's frameworks change (a new module version).
+        if [ "$MODE" = cluster ] && [ -x "$PY" ]; then
+            "$PY" "$REPO/scripts/stack.py" version torch; "$PY" "$REPO/scripts/stack.py" version tensorflow
+        fi
+    } | sha256sum | cut -c1-16
+}
+step_venv() {
+    make_venv
+    "$PY" -m pip install --upgrade "pip>=24" "setuptools>=70" wheel "cmake<4"
+    if [ "$MODE" = bare ]; then
+        "$PY" -m pip install -c "$LOCK" -e "$REPO[$EXTRAS]"
+    else
+        # Whatever the site installed (torch, TensorFlow, numpy, mpi4py, Horovod, CUDA
+        # libraries) stays exactly as it is: pinned, so pip can only add what is missing.
+        "$PY" "$REPO/scripts/stack.py" keep-pins >"$KEEP"
+        echo "keeping the site's packages:"; sed 's/^/    /' "$KEEP"
+        "$PY" -m pip install --no-build-isolation -c "$KEEP" -e "$REPO[$EXTRAS]"
+        # pip must not have changed any of them (a conflict it resolved by replacing one).
+        changed=$(comm -23 <(sort "$KEEP") <("$PY" "$REPO/scripts/stack.py" keep-pins | sort))
+        if [ -n "$changed" ]; then echo "pip changed the site's packages; was:"; echo "$changed"; exit 1; fi
+    fi
+    deps_key >"$VENV_STAMP"
+}
+if [ "$(cat "$VENV_STAMP" 2>/dev/null)" != "$(deps_key)" ]; then
     # The stamp is written last: a venv without it is never taken for a good one.
     rm -f "$VENV_STAMP"
     run_step venv step_venv
 else
-    say "step 'venv': $HVDTRAIN_VENV up to date"
+    say "step 'venv': $HVDTRAIN_VENV up to date ($MODE; frameworks: $FRAMEWORKS)"
 fi
 # The venv lives in the cache so that clones share it; point its editable install at this clone.
-here=$("$HVDTRAIN_VENV/bin/python" -c 'import hvdtrain, os; print(os.path.dirname(os.path.dirname(hvdtrain.__file__)))' 2>/dev/null || true)
+here=$("$PY" -c 'import hvdtrain, os; print(os.path.dirname(os.path.dirname(hvdtrain.__file__)))' 2>/dev/null || true)
 if [ "$here" != "$REPO" ]; then
-    run_step editable "$HVDTRAIN_VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$REPO"
+    run_step editable "$PY" -m pip install --no-deps --no-build-isolation -e "$REPO"
 fi
 ln -sfn "$HVDTRAIN_VENV" "$REPO/.venv"
 
 # ---------------------------------------------------------------- horovod
-PY=$HVDTRAIN_VENV/bin/python
-GPU_OPS=cpu
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then GPU_OPS=nccl; fi
-PYTAG=$($PY -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
-# The wheel is keyed by the versions really installed (the pins live in pyproject.toml).
-TORCH_VERSION=$($PY -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])')
-TF_VERSION=$($PY -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')
-HVD_KEY=horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$PYTAG-$GPU_OPS
-WHEEL_DIR=$HVDTRAIN_CACHE/wheels/$HVD_KEY
+HVD_FW_ARGS=$FRAMEWORKS
+horovod_state=$("$PY" "$REPO/scripts/stack.py" horovod $HVD_FW_ARGS)
+USE_SITE_HOROVOD=0
+case "$horovod_state" in
+    "site "*" ok"|"pythonpath "*" ok")
+        USE_SITE_HOROVOD=1
+        say "step 'horovod': using the site's Horovod as it is: $horovod_state" ;;
+    "pythonpath "*)
+        # A module's PYTHONPATH comes before the venv: a wheel installed here would be shadowed.
+        die "the site's Horovod ($horovod_state) lacks what hvdtrain needs and comes first on PYTHONPATH: 'module unload' it (set-up then builds one) or load a Horovod module built with it" ;;
+    "site "*)
+        say "the site's Horovod lacks what hvdtrain needs ($horovod_state); building one for the venv" ;;
+esac
 
-# The newest CUDA toolkit on the machine: torch is a CUDA build, so Horovod's CMake looks for one
-# even for a CPU-only build (see docs/horovod-build.md).
-find_cuda() {
-    local d
-    for d in $(ls -d /usr/local/cuda-* 2>/dev/null | sort -V -r) /usr/local/cuda; do
-        [ -x "$d/bin/nvcc" ] && { echo "$d"; return; }
+if [ "$USE_SITE_HOROVOD" = 0 ]; then
+    GPU_OPS=cpu
+    [ "$GPU" = 1 ] && GPU_OPS=nccl
+    PYTAG=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+    TORCH_KEY=none TF_KEY=none
+    for fw in $FRAMEWORKS; do
+        case "$fw" in
+            torch) TORCH_KEY=$("$PY" "$REPO/scripts/stack.py" version torch) ;;
+            tf) TF_KEY=$("$PY" "$REPO/scripts/stack.py" version tensorflow) ;;
+        esac
     done
-}
+    PATCH_KEY=$(sha256sum "$REPO/scripts/patch-horovod.sh" | cut -c1-8)
+    # The wheel is keyed by everything that makes it differ: the versions really installed, the
+    # MPI it links, CPU or NCCL ops, and the patch.
+    HVD_KEY=horovod-$HOROVOD_VERSION-torch$TORCH_KEY-tf$TF_KEY-$PYTAG-$(mpi_id)-$GPU_OPS-p$PATCH_KEY
+    WHEEL_DIR=$WHEEL_CACHE/$HVD_KEY
 
-step_horovod_build() (  # a subshell: its EXIT trap, cd and exports stay inside
-    work=$(mktemp -d "$HVDTRAIN_CACHE/build.XXXXXX")
-    trap 'rm -rf "$work"' EXIT
-    cd "$work"
-    $PY -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d .
-    tar xzf "horovod-$HOROVOD_VERSION.tar.gz"
-    cd "horovod-$HOROVOD_VERSION"
-    bash "$REPO/scripts/patch-horovod.sh" .
-    cuda=$(find_cuda)
-    if [ -n "$cuda" ]; then
-        export CUDA_HOME=$cuda CUDAToolkit_ROOT=$cuda PATH=$cuda/bin:$PATH
-        echo "CUDA toolkit: $cuda"
-    elif $PY -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
-        echo "torch is a CUDA build, so Horovod's CMake needs a CUDA toolkit, and none was found" \
-             "under /usr/local/cuda-*: install one (e.g. Debian's nvidia-cuda-toolkit) or a CPU build of torch"
-        exit 1
+    # A CUDA toolkit: the one a module set (CUDA_HOME), nvcc on PATH, or the newest under /usr/local.
+    find_cuda() {
+        local d
+        for d in "${CUDA_HOME:-}" "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")" \
+                 $(ls -d /usr/local/cuda-* 2>/dev/null | sort -V -r) /usr/local/cuda; do
+            [ -n "$d" ] && [ -x "$d/bin/nvcc" ] && { echo "$d"; return; }
+        done
+        return 0
+    }
+    if [ "$GPU_OPS" = nccl ] && [ -z "$(find_cuda)" ]; then
+        die "missing: a CUDA toolkit (nvcc) to build Horovod's NCCL ops for this GPU node -- e.g. 'module load cuda' (Jean Zay), 'module load CUDA' (JUWELS), or set CUDA_HOME"
     fi
-    tfi=$($PY -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
-    export CXXFLAGS="-I$tfi/external/highwayhash -I$tfi/external/farmhash_archive/src ${CXXFLAGS:-}"
-    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 \
-           HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(nproc)
-    if [ "$GPU_OPS" = nccl ]; then
-        # The NCCL that torch's CUDA packages bring (nvidia-nccl-cu*), not a system one.
-        nccl=$($PY -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])')
-        [ -e "$nccl/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
-        export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$nccl HOROVOD_NCCL_LINK=SHARED
+
+    step_horovod_build() {
+        work=$(mktemp -d "$HVDTRAIN_CACHE/build.XXXXXX")
+        trap 'rm -rf "$work"' EXIT
+        cd "$work"
+        "$PY" -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d .
+        tar xzf "horovod-$HOROVOD_VERSION.tar.gz"
+        cd "horovod-$HOROVOD_VERSION"
+        bash "$REPO/scripts/patch-horovod.sh" .
+        export HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(nproc)
+        case " $FRAMEWORKS " in *" torch "*) export HOROVOD_WITH_PYTORCH=1 ;; *) export HOROVOD_WITHOUT_PYTORCH=1 ;; esac
+        case " $FRAMEWORKS " in
+            *" tf "*)
+                export HOROVOD_WITH_TENSORFLOW=1
+                tfi=$("$PY" -c 'import tensorflow as tf; print(tf.sysconfig.get_include())')
+                export CXXFLAGS="-I$tfi/external/highwayhash -I$tfi/external/farmhash_archive/src ${CXXFLAGS:-}" ;;
+            *) export HOROVOD_WITHOUT_TENSORFLOW=1 ;;
+        esac
+        if [ "$GPU_OPS" = nccl ]; then
+            cuda=$(find_cuda)
+            export CUDA_HOME=$cuda CUDAToolkit_ROOT=$cuda PATH=$cuda/bin:$PATH
+            # The NCCL that torch's CUDA packages bring (nvidia-nccl-cu*), else the system's.
+            nccl=$("$PY" -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+            if [ -n "$nccl" ] && [ -d "$nccl/lib" ]; then
+                [ -e "$nccl/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
+                export HOROVOD_NCCL_HOME=$nccl HOROVOD_NCCL_LINK=SHARED
+            fi
+            export HOROVOD_GPU_OPERATIONS=NCCL
+        else
+            # CPU ops need no CUDA toolkit, even against PyPI's CUDA build of torch: the patch
+            # makes HVDTRAIN_TORCH_CPU_OPS=1 keep Horovod's CMake from looking for one.
+            export HVDTRAIN_TORCH_CPU_OPS=1
+        fi
+        env | grep -E '^(HOROVOD|HVDTRAIN_TORCH|CUDA|CXXFLAGS|MAKEFLAGS)' | sort
+        PATH=$HVDTRAIN_VENV/bin:$PATH "$PY" -m pip wheel --no-build-isolation --no-deps -v -w dist .
+        ls dist/horovod-*.whl
+        mkdir -p "$WHEEL_DIR.tmp"
+        cp dist/horovod-*.whl "$WHEEL_DIR.tmp/"
+        rm -rf "$WHEEL_DIR"
+        mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"     # atomic: the cache holds a whole wheel or none
+    }
+    step_horovod_install() {
+        "$PY" -m pip install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+        echo "$HVD_KEY" >"$HVDTRAIN_VENV/.hvdtrain-horovod"
+    }
+    if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+        say "step 'horovod-build': building $HVD_KEY (about 5-15 minutes on 2 cores)"
+        rm -f "$HVDTRAIN_VENV/.hvdtrain-horovod"   # a new wheel is always installed
+        run_step horovod-build step_horovod_build
+    else
+        say "step 'horovod-build': cached wheel $WHEEL_DIR"
     fi
-    env | grep -E '^(HOROVOD|CUDA|CXXFLAGS|MAKEFLAGS)' | sort
-    PATH=$HVDTRAIN_VENV/bin:$PATH $PY -m pip wheel --no-build-isolation --no-deps -v -w dist .
-    mkdir -p "$WHEEL_DIR.tmp"
-    cp dist/horovod-*.whl "$WHEEL_DIR.tmp/"
-    rm -rf "$WHEEL_DIR"
-    mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"     # atomic: the cache holds a whole wheel or none
-)
-step_horovod_install() {
-    $PY -m pip install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
-    echo "$HVD_KEY" >"$HVDTRAIN_VENV/.hvdtrain-horovod"
-}
-if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    say "step 'horovod-build': building $HVD_KEY (about 6-15 minutes on 2 cores)"
-    rm -f "$HVDTRAIN_VENV/.hvdtrain-horovod"   # a new wheel is always installed
-    run_step horovod-build step_horovod_build
-else
-    say "step 'horovod-build': cached wheel $WHEEL_DIR"
-fi
-if [ "$(cat "$HVDTRAIN_VENV/.hvdtrain-horovod" 2>/dev/null)" != "$HVD_KEY" ]; then
-    rm -f "$HVDTRAIN_VENV/.hvdtrain-horovod"
-    run_step horovod-install step_horovod_install
-else
-    say "step 'horovod-install': $HVD_KEY installed"
+    if [ "$(cat "$HVDTRAIN_VENV/.hvdtrain-horovod" 2>/dev/null)" != "$HVD_KEY" ]; then
+        rm -f "$HVDTRAIN_VENV/.hvdtrain-horovod"
+        run_step horovod-install step_horovod_install
+    else
+        say "step 'horovod-install': $HVD_KEY installed"
+    fi
 fi
 
 # ---------------------------------------------------------------- check
 say "horovodrun --check-build:"
-check=$(cd /tmp && "$HVDTRAIN_VENV/bin/horovodrun" --check-build 2>&1) || true
+hvdrun=$HVDTRAIN_VENV/bin/horovodrun
+[ -x "$hvdrun" ] || hvdrun=$(command -v horovodrun || echo horovodrun)   # a site module's
+check=$(cd /tmp && PATH=$HVDTRAIN_VENV/bin:$PATH "$hvdrun" --check-build 2>&1) || true
 echo "$check" | sed 's/^/    /'
-for fw in TensorFlow PyTorch MPI Gloo; do
+wanted="MPI Gloo"
+case " $FRAMEWORKS " in *" torch "*) wanted="PyTorch $wanted" ;; esac
+case " $FRAMEWORKS " in *" tf "*) wanted="TensorFlow $wanted" ;; esac
+for fw in $wanted; do
     if ! echo "$check" | grep -Eq "\[X\] $fw\b"; then
-        say "check FAILED: Horovod was built without $fw (not marked [X] above)."
-        say "rebuild: rm -rf $WHEEL_DIR && bash scripts/setup.sh (build log: $LOG_DIR/horovod-build.log)"
-        exit 1
+        say "check FAILED: Horovod is built without $fw (not marked [X] above)."
+        [ "$USE_SITE_HOROVOD" = 1 ] && die "the site's Horovod lacks $fw: load another Horovod module, or unload it so that set-up builds one"
+        die "rebuild: rm -rf $WHEEL_DIR && bash scripts/setup.sh (build log: $LOG_DIR/horovod-build.log)"
     fi
 done
-if [ "$GPU_OPS" = nccl ] && ! echo "$check" | grep -Eq "\[X\] NCCL"; then
-    say "check FAILED: GPUs present but Horovod has no NCCL support"; exit 1
+if [ "$GPU" = 1 ] && ! echo "$check" | grep -Eq "\[X\] NCCL"; then
+    say "warning: GPUs present but Horovod has no NCCL ops: GPU tensors are reduced through host memory"
+    [ "$USE_SITE_HOROVOD" = 1 ] || die "check FAILED: GPUs present but the Horovod built here has no NCCL"
 fi
-say "ready: venv $HVDTRAIN_VENV (linked as .venv), Horovod $HVD_KEY"
+say "ready ($MODE): venv $HVDTRAIN_VENV (linked as .venv), frameworks: $FRAMEWORKS, Horovod: $( [ "$USE_SITE_HOROVOD" = 1 ] && echo "the site's" || echo "$HVD_KEY")"
+say "next: python -m hvdtrain.doctor (alone, or under srun/mpirun) checks the whole stack in seconds"

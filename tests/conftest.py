@@ -8,6 +8,7 @@ ranks' last output (each line is tagged with its rank by the launcher).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -75,6 +76,55 @@ def launch(launcher: str, np: int, argv: list[str], timeout: float, env: dict | 
         pytest.fail(f"{launcher} -np {np} exited {proc.returncode}\ncommand: {' '.join(cmd)}\n"
                     f"output:\n{out[-8000:]}")
     return result
+
+
+# What hvdtrain promises for bad input (hvdtrain/errors.py): every rank that finds it prints one
+# line naming itself and exits 2; the launcher then ends the job, so under mpirun/srun/horovodrun
+# the line of the *first* rank to fail is always there, the others' only if they got that far.
+ERROR_LINE = re.compile(r"(?P<prog>hvdtrain\.\w+): error \[rank (?P<rank>\d+)/(?P<size>\d+)\]: (?P<message>.*)")
+
+
+def error_lines(output: str) -> list[re.Match]:
+    """The one-line errors in a launch's output (launcher tags such as `[1,0]<stderr>:` or `0: `
+    before them are allowed)."""
+    return [m for m in map(ERROR_LINE.search, output.splitlines()) if m]
+
+
+def assert_job_failed_with(run: "Launch", message: str, np: int) -> list[re.Match]:
+    """The launcher-level promise: non-zero exit, at least one error line naming a real rank and
+    carrying `message`, every error line well formed, no traceback."""
+    assert run.returncode != 0, f"expected a failure, got exit 0:\n{run.output[-3000:]}"
+    lines = error_lines(run.output)
+    assert lines, f"no 'error [rank R/{np}]' line in the output:\n{run.output[-3000:]}"
+    for m in lines:
+        assert int(m["size"]) == np and 0 <= int(m["rank"]) < np, m.group(0)
+        assert message in m["message"], f"'{message}' not in: {m.group(0)}\n{run.output[-3000:]}"
+    # horovodrun reports a failed rank with a traceback of its own (RuntimeError in
+    # horovod/runner): only the ranks' output (tagged "[rank]<stderr>:") must have none.
+    launcher_traceback = "horovodrun" in run.command[0] and "horovod/runner/gloo_run.py" in run.output
+    ranks_output = re.sub(r"(?ms)^Traceback.*?^RuntimeError: Horovod detected.*?$", "", run.output) \
+        if launcher_traceback else run.output
+    assert "Traceback" not in ranks_output, run.output[-3000:]
+    return lines
+
+
+def launch_each_rank_to_its_end(np: int, argv: list[str], timeout: float, env: dict | None = None) -> Launch:
+    """mpirun with its abort-at-first-failure turned off, each rank printing its exit status:
+    the per-rank promise (each rank prints its own line and exits 2) can then be checked without
+    a race, and a rank that hung instead of failing hits the timeout."""
+    env = dict(env or base_env())
+    env["OMPI_MCA_orte_abort_on_non_zero_status"] = "0"
+    report_status = ["sh", "-c", '"$@"; status=$?; echo "rank $OMPI_COMM_WORLD_RANK exited $status"', "sh"]
+    return launch("mpirun", np, report_status + argv, timeout=timeout, env=env, check=False)
+
+
+def assert_each_rank_failed_with(run: Launch, prog: str, message: str, np: int) -> None:
+    # (Not line by line: mpirun --tag-output can join two ranks' lines.)
+    for rank in range(np):
+        assert f"[1,{rank}]<stdout>:rank {rank} exited 2" in run.output, run.output[-3000:]
+        assert run.output.count(f"error [rank {rank}/{np}]") == 1, run.output[-3000:]
+        assert f"[1,{rank}]<stderr>:{prog}: error [rank {rank}/{np}]: {message}" in run.output, run.output[-3000:]
+    assert "Traceback" not in run.output, run.output[-3000:]
 
 
 @pytest.fixture(scope="session")

@@ -602,3 +602,14 @@ def test_two_nodes_one_task_each_train_like_one_node_two_tasks(two_node_cluster,
     reference = result_of(uninterrupted["cwd"], uninterrupted["job_id"])
     assert result["world_size"] == 2 and len({r["host"] for r in result["ranks"]}) == 2, result["ranks"]
     assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
+
+
+# ------------------------------------------------------------------------------ the doctor as a job
+def test_doctor_template_job_is_ready(slurm_cluster, tmp_path):
+    """slurm/doctor-cpu.sbatch submitted as is: 2 tasks check the stack and the job COMPLETES."""
+    job_id, log = submit(os.path.join(REPO, "slurm", "doctor-cpu.sbatch"), str(tmp_path))
+    info = wait_for_end(job_id, log, timeout=240)
+    text = tail(log)
+    assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
+    assert "hvdtrain doctor: 2 rank(s) via slurm" in text, text
+    assert "hvdtrain.doctor: READY: 2 rank(s) on 1 host(s)" in text, text

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PYTHON, base_env, launch
+from conftest import PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, launch, launch_each_rank_to_its_end
 
 TRAIN = [PYTHON, "-m", "hvdtrain.tf"]
 # Digits on 2 ranks: 21 steps of 2 x 32 per epoch, a few seconds an epoch on 2 shared cores.
@@ -154,24 +154,13 @@ def test_bad_input_one_line_on_every_rank(tmp_path, case):
             _fake_checkpoint(ckpt, "resnet50")
             expected = f"checkpoint {ckpt} does not match this run: model: checkpoint 'resnet50', this run 'mnist_cnn'"
         argv += ["--checkpoint-dir", str(tmp_path)]
-    env = base_env()
-    # Let every rank finish by itself instead of mpirun killing the others at the first exit, and
-    # have each rank report its own exit status: the test sees every rank's message and status,
-    # and a rank that hung would hit the timeout.
-    env["OMPI_MCA_orte_abort_on_non_zero_status"] = "0"
-    report_status = ["sh", "-c", '"$@"; status=$?; echo "rank $OMPI_COMM_WORLD_RANK exited $status"', "sh"]
-    run = launch("mpirun", 2, report_status + TRAIN + argv, timeout=120, env=env, check=False)
-    # (Not line by line: mpirun --tag-output can join two ranks' lines.)
-    for rank in (0, 1):
-        assert f"[1,{rank}]<stdout>:rank {rank} exited 2" in run.output, run.output[-3000:]
-        assert run.output.count(f"error [rank {rank}/2]") == 1, run.output[-3000:]
-        assert f"[1,{rank}]<stderr>:hvdtrain.tf: error [rank {rank}/2]: {expected}" in run.output, run.output[-3000:]
-    assert "Traceback" not in run.output
+    run = launch_each_rank_to_its_end(2, TRAIN + argv, timeout=120)
+    assert_each_rank_failed_with(run, "hvdtrain.tf", expected, 2)
 
 
 def test_bad_input_fails_the_mpirun_job():
     run = run_tf(["--model", "vgg99", "--dataset", "digits"], timeout=120, check=False)
-    assert run.returncode != 0 and "unknown model 'vgg99'" in run.output, run.output[-3000:]
+    assert_job_failed_with(run, "unknown model 'vgg99'", 2)
 
 
 @pytest.mark.parametrize("case", ["keras3-already-bound", "tf-keras-missing"])

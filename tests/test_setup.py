@@ -1,0 +1,188 @@
+"""scripts/setup.sh as the users run it on clusters: no root, no apt, modules on PATH and
+PYTHONPATH, a personal venv layered on top; and a failing step that must stop set-up.
+
+The "cluster" is imitated on this machine (see ../shared/notes/environment.md): an ordinary user
+made with useradd, a PATH of links to /usr/bin and /usr/sbin without apt*/dpkg* (and without
+/usr/local, where this image keeps a CUDA toolkit), Debian's python3.11 as the module's Python,
+and a "site module" directory holding torch, TensorFlow (and for one test Horovod) that reaches
+Python through PYTHONPATH, as `module load` does. Nothing is mocked: set-up runs for real.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+USER = "hvdtrain-ci"
+SITE_PACKAGES = os.path.join(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}",
+                             "site-packages")
+CACHE = os.environ.get("HVDTRAIN_CACHE", os.path.expanduser("~/.cache/hvdtrain"))
+MODULE_PYTHON = "/usr/bin/python3.11"
+
+
+def sh(cmd, timeout=120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create the unprivileged user")
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        sh(["useradd", "-m", USER]).check_returncode()
+    return USER
+
+
+@pytest.fixture(scope="module")
+def cluster_root(cluster_user):
+    """A world-readable tree: bin/ (the PATH), a copy of the repository the user owns, and the
+    site modules (hard links into this venv's site-packages: instant, and shared read-only)."""
+    root = tempfile.mkdtemp(prefix="hvdtrain-cluster-", dir="/tmp")
+    os.chmod(root, 0o755)
+    bin_dir = os.path.join(root, "bin")
+    os.mkdir(bin_dir)
+    for d in ("/usr/bin", "/usr/sbin"):
+        for name in os.listdir(d):
+            if name.startswith(("apt", "dpkg")) or os.path.lexists(os.path.join(bin_dir, name)):
+                continue
+            os.symlink(os.path.join(d, name), os.path.join(bin_dir, name))
+    files = sh(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO).stdout.split()
+    repo = os.path.join(root, "repo")
+    for f in files:
+        if os.path.isfile(os.path.join(REPO, f)):
+            os.makedirs(os.path.dirname(os.path.join(repo, f)), exist_ok=True)
+            shutil.copy2(os.path.join(REPO, f), os.path.join(repo, f))
+    for flavour, with_horovod in (("module-frameworks", False), ("module-horovod", True)):
+        site = os.path.join(root, flavour, "site-packages")
+        os.makedirs(site)
+        for name in os.listdir(SITE_PACKAGES):
+            low = name.lower()
+            if low.startswith(("hvdtrain", "__editable__", "_hvdtrain")) or low.endswith(".pth"):
+                continue
+            if low.startswith("horovod") and not with_horovod:
+                continue
+            src, dst = os.path.join(SITE_PACKAGES, name), os.path.join(site, name)
+            sh(["cp", "-al", src, dst]).check_returncode()
+        if with_horovod:
+            # A Horovod module also puts horovodrun on PATH.
+            mbin = os.path.join(root, flavour, "bin")
+            os.mkdir(mbin)
+            with open(os.path.join(mbin, "horovodrun"), "w") as f:
+                f.write(f"#!{MODULE_PYTHON}\nfrom horovod.runner.launch import run_commandline\nrun_commandline()\n")
+            os.chmod(os.path.join(mbin, "horovodrun"), 0o755)
+    sh(["chown", "-R", f"{cluster_user}:", repo]).check_returncode()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def as_user(user: str, root: str, module: str, command: str, extra_env: dict | None = None,
+            timeout: float = 600, hide_cuda: bool = False) -> subprocess.CompletedProcess:
+    """Run `command` (bash) as `user` with the module environment of `module`."""
+    home = pwd.getpwnam(user).pw_dir
+    path = [os.path.join(root, module, "bin"), os.path.join(root, "bin")]
+    env = {"HOME": home, "USER": user, "LANG": "C.UTF-8", "PATH": os.pathsep.join(path),
+           "PYTHONPATH": os.path.join(root, module, "site-packages"), "PYTHON": MODULE_PYTHON,
+           "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
+    env_args = [f"{k}={v}" for k, v in env.items()]
+    inner = ["runuser", "-u", user, "--", "env", "-i", *env_args, "bash", "-c", command]
+    if hide_cuda:
+        # This image ships a CUDA toolkit that a CPU cluster node (or a bare Debian) lacks: hide it
+        # in a private mount namespace for this command only.
+        hide = ("set -e; mount --make-rprivate /; e=$(mktemp -d); "
+                "for d in /usr/local/cuda-*; do [ -d \"$d\" ] && mount --bind \"$e\" \"$d\"; done; "
+                "[ -e /usr/local/bin/nvcc ] && mount --bind /dev/null /usr/local/bin/nvcc; "
+                "exec \"$@\"")
+        inner = ["unshare", "--mount", "--", "bash", "-c", hide, "hide-cuda", *inner]
+    return subprocess.run(inner, capture_output=True, text=True, timeout=timeout, cwd=root)
+
+
+def check_build_marks(output: str) -> None:
+    for fw in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
+        assert f"[X] {fw}" in output, f"{fw} not marked:\n{output[-4000:]}"
+
+
+def test_no_apt_and_no_cuda_toolkit_builds_horovod(cluster_user, cluster_root):
+    """Non-root, no apt/dpkg on PATH, Open MPI on PATH, no CUDA toolkit anywhere, torch and TF
+    from a module: set-up builds Horovod itself (the build is what is tested here) and
+    `horovodrun --check-build` marks TensorFlow, PyTorch, MPI and Gloo."""
+    probe = as_user(cluster_user, cluster_root, "module-frameworks",
+                    "id -u; command -v apt-get dpkg apt dpkg-query || echo no-apt; command -v nvcc || echo no-nvcc; "
+                    "ls /usr/local/cuda/bin/nvcc 2>&1 || true; command -v mpicc mpirun", hide_cuda=True)
+    assert probe.stdout.split()[0] != "0" and "no-apt" in probe.stdout and "no-nvcc" in probe.stdout, probe
+    assert "No such file" in probe.stdout and "/mpicc" in probe.stdout, probe.stdout
+    cache = f"{pwd.getpwnam(cluster_user).pw_dir}/cache-build"
+    run = as_user(cluster_user, cluster_root, "module-frameworks",
+                  f"rm -rf {cache}; HVDTRAIN_CACHE={cache} bash repo/scripts/setup.sh", timeout=1500, hide_cuda=True)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    assert "cluster mode: nothing is installed system-wide" in out
+    assert "step 'horovod-build': building horovod-0.28.1-torch" in out and "-cpu-p" in out, out[-3000:]
+    check_build_marks(out)
+    assert not re.search(r"\b(apt|apt-get|dpkg|dpkg-query)\b", out), "set-up mentioned apt/dpkg on a machine without them:\n" + out
+
+
+def _stack(user, root, module, venv) -> str:
+    code = ("import torch, torchvision, tensorflow as tf, horovod; "
+            "print(torch.__file__, torch.__version__, torchvision.__file__, tf.__file__, tf.__version__, "
+            "horovod.__file__, horovod.__version__)")
+    return as_user(user, root, module, f"{venv}/bin/python -c '{code}'" if venv else f"{MODULE_PYTHON} -c '{code}'",
+                   timeout=120).stdout.strip()
+
+
+def test_site_module_is_kept_and_trains(cluster_user, cluster_root):
+    """torch, TF and a working Horovod from a module; set-up layers a venv on them, installs
+    hvdtrain without reinstalling any of them, and a 2-rank digits run under mpirun passes."""
+    home = pwd.getpwnam(cluster_user).pw_dir
+    cache = f"{home}/cache-site"
+    before = _stack(cluster_user, cluster_root, "module-horovod", None)
+    assert "module-horovod/site-packages/torch" in before and "module-horovod/site-packages/horovod" in before, before
+    run = as_user(cluster_user, cluster_root, "module-horovod", f"rm -rf {cache}; HVDTRAIN_CACHE={cache} bash repo/scripts/setup.sh")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    assert "step 'horovod': using the site's Horovod as it is: pythonpath 0.28.1" in out, out[-3000:]
+    assert "horovod-build" not in out and "horovod-install" not in out, out[-3000:]
+    check_build_marks(out)
+    venv = f"{cache}/venv-py311"
+    assert _stack(cluster_user, cluster_root, "module-horovod", venv) == before  # same files, same versions
+    listed = as_user(cluster_user, cluster_root, "module-horovod",
+                     f"ls {venv}/lib/python3.11/site-packages").stdout.split()
+    assert not [p for p in listed if p.lower().startswith(("torch", "tensorflow", "horovod"))], listed
+
+    train = as_user(cluster_user, cluster_root, "module-horovod",
+                    f"cd repo && timeout 300 mpirun -np 2 --bind-to none --oversubscribe {venv}/bin/python -m hvdtrain.torch "
+                    f"--model mnist_cnn --dataset digits --epochs 1 --threads-per-rank 1 --result-json {home}/site.json "
+                    f"&& {venv}/bin/python -c \"import json; r = json.load(open('{home}/site.json')); "
+                    "print('ACC', r['final']['val_acc'], r['world_size'])\"", timeout=360)
+    assert train.returncode == 0, (train.stdout + train.stderr)[-4000:]
+    acc, world = train.stdout.split("ACC")[-1].split()
+    assert world == "2" and float(acc) > 0.5, train.stdout[-2000:]
+
+
+def test_failing_step_stops_setup_and_leaves_no_stamp(tmp_path):
+    """A command failing in the middle of a step (pip cannot reach its index) stops set-up
+    naming the step, writes no stamp, and the next run does the step again."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(HVDTRAIN_CACHE=str(tmp_path / "cache"), HVDTRAIN_VENV=str(tmp_path / "venv"),
+               PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0",
+               PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1")
+    for attempt in (1, 2):
+        run = subprocess.run(["bash", os.path.join(REPO, "scripts", "setup.sh"), "--cluster"], env=env,
+                             capture_output=True, text=True, timeout=300)
+        out = run.stdout + run.stderr
+        assert run.returncode != 0, out
+        assert "step 'venv' FAILED" in out and "step 'venv' failed: see" in out, (attempt, out[-3000:])
+        assert "up to date" not in out, (attempt, out)
+        assert not (tmp_path / "venv" / ".hvdtrain-deps").exists(), attempt
