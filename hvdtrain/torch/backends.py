@@ -163,7 +163,10 @@ class DDPBackend:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method="env://")
+        # On GPUs, NCCL for the gradients and Gloo for what stays on the CPU (the metric sums and
+        # the stop vote, objects): NCCL alone fails on a CPU tensor ("No backend type associated
+        # with device type cpu"), as the first GPU run of this backend showed.
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", init_method="env://")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
 
