@@ -128,6 +128,7 @@ def test_no_apt_and_no_cuda_toolkit_builds_horovod(cluster_user, cluster_root):
     run = as_user(cluster_user, cluster_root, "module-frameworks",
                   f"rm -rf {cache}; HVDTRAIN_CACHE={cache} bash repo/scripts/setup.sh", timeout=1500, hide_cuda=True)
     out = run.stdout + run.stderr
+    print(out)  # shown by pytest -rP: what a user of such a machine sees
     assert run.returncode == 0, out[-6000:]
     assert "cluster mode: nothing is installed system-wide" in out
     assert "step 'horovod-build': building horovod-0.28.1-torch" in out and "-cpu-p" in out, out[-3000:]
@@ -152,6 +153,7 @@ def test_site_module_is_kept_and_trains(cluster_user, cluster_root):
     assert "module-horovod/site-packages/torch" in before and "module-horovod/site-packages/horovod" in before, before
     run = as_user(cluster_user, cluster_root, "module-horovod", f"rm -rf {cache}; HVDTRAIN_CACHE={cache} bash repo/scripts/setup.sh")
     out = run.stdout + run.stderr
+    print(out)  # shown by pytest -rP: what a user of such a machine sees
     assert run.returncode == 0, out[-6000:]
     assert "step 'horovod': using the site's Horovod as it is: pythonpath 0.28.1" in out, out[-3000:]
     assert "horovod-build" not in out and "horovod-install" not in out, out[-3000:]
