@@ -210,7 +210,6 @@ def run(args) -> int:
     label = lambda: f"rank {env.rank}/{env.world_size}"  # noqa: E731 - the launcher's view until Horovod's
     stage = Stage(args.timeout, label)
     problems: list[str] = []      # this rank's; gathered to rank 0
-    notes: list[str] = []
 
     stage("imports")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

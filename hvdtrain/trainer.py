@@ -1,48 +1,105 @@
-"""What every hvdtrain trainer does the same way, whatever the framework: the epoch loop, the
-stop vote, the start-up log and the result file.
+"""What every hvdtrain trainer does the same way, whatever the framework: the start (threads,
+backend, world size, reporter, stop signals, the launcher's environment read once), the epoch
+loop, the per-step bookkeeping (hvdtrain/meter.py), the checkpoint restore on rank 0, the stop
+vote and the result file.
 
-A framework trainer (hvdtrain/torch/train.py, hvdtrain/tf/train.py) subclasses `EpochTrainer` and
-provides `_train_epoch() -> (metrics, stopped_by)`, `_validate() -> metrics`,
-`_save_checkpoint()`, `_param_arrays() -> [np.ndarray]` and `_result_extras() -> dict`, and
-sets the attributes listed in `EpochTrainer.__doc__`. Its backend answers `allgather_object`,
-`barrier`, `describe` and `shutdown`.
+A framework trainer (hvdtrain/torch/train.py, hvdtrain/tf/train.py) subclasses `EpochTrainer`,
+calls `super().__init__(cfg)` first and implements the abstract hooks below; its backend offers
+the collectives of `hvdtrain.collectives.Collectives`.
 """
 from __future__ import annotations
 
+import abc
 import os
 import socket
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
+from hvdtrain.collectives import Collectives
+from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
+from hvdtrain.meter import StepMeter
+from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
-from hvdtrain.runtime import requeue_slurm_job
-
-STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
+from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 
 
-def stop_votes(signal_name: str | None) -> list[float]:
-    """This rank's votes, summed over ranks with the metrics: [saw SIGUSR1, saw SIGTERM]."""
-    return [float(signal_name == s) for s in STOP_SIGNALS]
-
-
-def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
-    """The signal every rank agrees stopped the run: SIGTERM on any rank outweighs SIGUSR1."""
-    return "SIGTERM" if term_votes > 0 else "SIGUSR1" if usr1_votes > 0 else None
-
-
-class EpochTrainer:
-    """Attributes a subclass sets: cfg, backend, reporter, rank, world_size, is_rank0, threads,
-    device_name, steps_per_epoch, total_steps, epoch, step_in_epoch, global_step, history."""
-
+class EpochTrainer(abc.ABC):
     framework = "?"
+    prog = "hvdtrain"
 
-    def _log_start(self, env: ClusterEnv, resumed_from: str | None, loop: str = ""):
+    def __init__(self, cfg: TrainConfig):
+        # The launcher's environment, read once: a backend may export torchrun's variables for
+        # its own rendezvous later, which must not change what this run reports as its launcher.
+        self.env = ClusterEnv.from_environ()
+        self.threads = threads_per_rank(cfg.threads_per_rank, self.env.local_world_size)
+        self._set_threads(self.threads)
+        self.backend: Collectives = self._make_backend(cfg, self.threads)
+        self.cfg = cfg.with_world_size(self.backend.world_size)
+        self.rank, self.world_size = self.backend.rank, self.backend.world_size
+        self.is_rank0 = self.rank == 0
+        self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
+        self.stop = StopRequest()
+        self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
+        self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
+                               self.cfg.log_interval, self.cfg.warmup_steps,
+                               self.cfg.batch_size * self.cfg.batches_per_allreduce)
+
+    # ------------------------------------------------------------------ hooks
+    @abc.abstractmethod
+    def _set_threads(self, threads: int) -> None:
+        """Set the framework's CPU threads, before it runs its first op."""
+
+    @abc.abstractmethod
+    def _make_backend(self, cfg: TrainConfig, threads: int) -> Collectives:
+        """Start the backend cfg.backend names (hvd.init(), init_process_group, ...)."""
+
+    @abc.abstractmethod
+    def _train_epoch(self) -> tuple[dict, str | None]:
+        """Run the rest of the current epoch through self.meter: (train metrics, stopped by)."""
+
+    @abc.abstractmethod
+    def _validate(self) -> dict:
+        """val_loss, val_acc and val_count over the whole validation set, on every rank."""
+
+    @abc.abstractmethod
+    def _save_checkpoint(self) -> None:
+        """Rank 0: write the state at the current position (others return at once)."""
+
+    @abc.abstractmethod
+    def _param_arrays(self) -> list:
+        """The trainable parameters as float64 numpy arrays (for the per-rank checksum)."""
+
+    @abc.abstractmethod
+    def _current_lr(self) -> float:
+        """The learning rate of the optimizer now."""
+
+    def _result_extras(self) -> dict:
+        return {}
+
+    # ------------------------------------------------------------------ shared steps
+    def _step_done(self, stats) -> bool:
+        """A loop finished one optimizer step with (loss sum, correct, count): move on one
+        position and let the meter count it. True: every rank stops now."""
+        self.global_step += 1
+        self.step_in_epoch += 1
+        return self.meter.after_step(self.global_step, stats)
+
+    def _epoch_steps(self) -> int:
+        """Steps left in this epoch, within --steps."""
+        return min(self.steps_per_epoch - self.step_in_epoch, self.total_steps - self.global_step)
+
+    def _start_epoch(self) -> int:
+        steps = self._epoch_steps()
+        self.meter.start_epoch(steps, self.global_step, f"epoch {self.epoch + 1}/{self.cfg.epochs}")
+        return steps
+
+    def _log_start(self, resumed_from: str | None, loop: str = ""):
         placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.device_name, self.threads),
                                                   "placement")
         cfg = self.cfg
-        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {env.launcher}{loop}; "
+        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {self.env.launcher}{loop}; "
                            f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
                            f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
         for rank, host, device, threads in placement:
@@ -68,17 +125,20 @@ class EpochTrainer:
         self.schedule_steps = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
 
-    def _restore_on_rank0(self, load) -> str | None:
+    def _restore_on_rank0(self, load) -> tuple[str | None, object]:
         """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with `load(path)`, which returns
-        (epoch, step_in_epoch, global_step, history); every rank learns the outcome and the
-        position, and all fail together with the reason: an error on rank 0 alone would leave the
-        others waiting in their next collective. Returns the checkpoint's path, or None."""
+        ((epoch, step_in_epoch, global_step, history), state). Every rank learns the outcome and
+        the position, and all fail together with the reason: an error on rank 0 alone would leave
+        the others waiting in their next collective. Returns (the checkpoint's path or None, the
+        state `load` returned, on rank 0 only: what the framework restores after wrapping)."""
         status = {"error": None, "path": None, "position": None}
+        state = None
         if self.is_rank0 and self.cfg.checkpoint_dir:
             path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
             if path is not None:
                 try:
-                    status.update(path=path, position=load(path))
+                    position, state = load(path)
+                    status.update(path=path, position=position)
                 except UsageError as err:
                     status["error"] = str(err)
                 except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
@@ -88,12 +148,10 @@ class EpochTrainer:
             raise UsageError(status["error"])
         if status["position"] is not None:
             self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
-        return status["path"]
+        return status["path"], state
 
     def train(self) -> dict:
         cfg = self.cfg
-        self.timed_seconds, self.timed_samples = 0.0, 0
-        self.loss_log = []
         stopped_by = None
         while self.epoch < cfg.epochs and self.global_step < self.total_steps:
             train_metrics, stopped_by = self._train_epoch()
@@ -109,7 +167,7 @@ class EpochTrainer:
             record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
                       "global_step": self.global_step, **train_metrics, **val_metrics}
             self.history.append(record)
-            rate = self.timed_samples / self.timed_seconds if self.timed_seconds else float("nan")
+            rate = self.meter.images_per_sec or float("nan")
             self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
                                f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
                                f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
@@ -123,12 +181,12 @@ class EpochTrainer:
 
     def _finish(self, stopped_by: str | None) -> dict:
         cfg, b = self.cfg, self.backend
-        rate = self.timed_samples / self.timed_seconds if self.timed_seconds else None
+        m = self.meter
         per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": self.device_name,
-                                       "threads": self.threads, "images_per_sec": rate,
-                                       "timed_samples": self.timed_samples, "timed_seconds": self.timed_seconds,
+                                       "threads": self.threads, "images_per_sec": m.images_per_sec,
+                                       "timed_samples": m.timed_samples, "timed_seconds": m.timed_seconds,
                                        "param_checksum": checksum_arrays(self._param_arrays())}, "per_rank")
-        env = ClusterEnv.from_environ()
+        env = self.env
         requeue = None
         if stopped_by:
             self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
@@ -144,7 +202,7 @@ class EpochTrainer:
             "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
             if all(r["images_per_sec"] for r in per_rank) else None,
             "final": self.history[-1] if self.history else None, "history": self.history,
-            "loss_log": self.loss_log, "global_step": self.global_step, "epoch": self.epoch,
+            "loss_log": m.loss_log, "global_step": self.global_step, "epoch": self.epoch,
             "stopped_by": stopped_by, "requeue": requeue,
             "versions": library_versions(), "environment": environment_fingerprint(),
         }
@@ -155,6 +213,3 @@ class EpochTrainer:
         b.barrier()
         b.shutdown()
         return result
-
-    def _result_extras(self) -> dict:
-        return {}

@@ -1,8 +1,9 @@
 """The two ways hvdtrain.tf trains one epoch: a GradientTape loop and Keras `model.fit`.
 
 Both make the optimizer for their Keras, run the steps the trainer asks for, and report each
-step to the trainer (`trainer.before_step()`, `trainer.after_step(stats)` -> stop?), which
-times, logs and reduces metrics the same way for both. Weight decay is an L2 term in the loss
+step inline to the shared step meter (`trainer.meter.before_step()`, then
+`trainer._step_done(stats)` -> stop?), which times, logs and reduces metrics the same way for
+every trainer (hvdtrain/meter.py). Weight decay is an L2 term in the loss
 (gradient `weight_decay * w`, as torch's SGD/Adam `weight_decay`), except for AdamW.
 
     loop = make_loop(cfg, keras, model, backend, trainer)
@@ -80,9 +81,9 @@ class CustomLoop:
         for i, (x, y) in enumerate(dataset):
             if i == steps:
                 break
-            self.trainer.before_step()
+            self.trainer.meter.before_step()
             self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.global_step)
-            if self.trainer.after_step(self.train_step(x, y).numpy()):
+            if self.trainer._step_done(self.train_step(x, y).numpy()):
                 break
 
 
@@ -181,13 +182,13 @@ def _Progress(keras, trainer, batch_size: int):
             self.seen = np.zeros(3)
 
         def on_train_batch_begin(self, batch, logs=None):
-            trainer.before_step()
+            trainer.meter.before_step()
 
         def on_train_batch_end(self, batch, logs=None):
             n = (batch + 1) * batch_size  # fit's batches are full: drop_remainder
             cumulative = np.array([logs["ce"] * n, logs["acc"] * n, n], dtype=np.float64)
             stats, self.seen = cumulative - self.seen, cumulative
-            if trainer.after_step(stats):
+            if trainer._step_done(stats):
                 self.model.stop_training = True
 
     return Progress()

@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 
+import numpy as np
 import torch
 
 from hvdtrain import tuning
@@ -104,8 +105,9 @@ class HorovodBackend:
             for (_, t), avg in zip(bufs, averaged):
                 t.copy_(avg)
 
-    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        tensor = torch.as_tensor(np.asarray(values, dtype=np.float64))
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=f"hvdtrain.{name}").numpy()
 
     def broadcast_object(self, obj, name: str | None = None):
         return self.hvd.broadcast_object(obj, root_rank=0, name=name)
@@ -207,10 +209,10 @@ class DDPBackend:
     def average_buffers(self, model):
         pass  # DDP broadcasts rank 0's buffers at every forward: they are equal already.
 
-    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.clone()
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        out = torch.tensor(np.asarray(values, dtype=np.float64))  # a copy, on the CPU (Gloo)
         self.dist.all_reduce(out, op=self.dist.ReduceOp.SUM)
-        return out
+        return out.numpy()
 
     def broadcast_object(self, obj, name: str | None = None):
         box = [obj]

@@ -12,21 +12,18 @@ from __future__ import annotations
 import os
 import random
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig, build_parser, config_from_args
 from hvdtrain.datasets import check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.schedule import lr_factor
-from hvdtrain.runtime import StopRequest, threads_per_rank
 from hvdtrain.torch import data
-from hvdtrain.trainer import EpochTrainer, stop_reason, stop_votes
+from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.backends import make_backend
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
 
@@ -49,17 +46,11 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
 
 class Trainer(EpochTrainer):
     framework = "torch"
+    prog = PROG
 
     def __init__(self, cfg: TrainConfig):
-        env = ClusterEnv.from_environ()
-        self.threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
-        torch.set_num_threads(self.threads)
-        self.backend = b = make_backend(cfg, self.threads)
-        self.cfg = cfg = cfg.with_world_size(b.world_size)
-        self.rank, self.world_size = b.rank, b.world_size
-        self.is_rank0 = b.rank == 0
-        self.reporter = Rank0Reporter(self.is_rank0, None, PROG)
-        self.stop = StopRequest()
+        super().__init__(cfg)
+        cfg, b = self.cfg, self.backend
         self.device = self._pick_device(b.local_rank)
         if cfg.amp and self.device.type != "cuda":
             raise UsageError("--amp needs a CUDA GPU; this rank has none")
@@ -74,11 +65,7 @@ class Trainer(EpochTrainer):
             model = model.to(memory_format=torch.channels_last)
         self.raw_model = model
 
-        self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
-        self._steps_run = 0  # steps this process ran: the first cfg.warmup_steps are not timed
-        self._saved = None  # rank 0, after a resume: the checkpoint's state
-        resumed_from = self._restore_on_rank0(lambda path: self._load(path, model))
-        saved, self._saved = self._saved, None
+        resumed_from, saved = self._restore_on_rank0(lambda path: self._load(path, model))
         self.model = b.wrap_model(model, self.device)
         # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
         # is a new optimizer object and would drop the state of the one it wraps.
@@ -95,9 +82,18 @@ class Trainer(EpochTrainer):
         if resumed_from is not None:
             self.scheduler.load_state_dict(b.broadcast_object(self.scheduler.state_dict(), "scheduler"))
         if cfg.log_dir and self.is_rank0:
-            self.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
+            self.reporter = self.meter.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
         self.device_name = str(self.device)
-        self._log_start(env, resumed_from)
+        self._log_start(resumed_from)
+
+    def _set_threads(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+
+    def _make_backend(self, cfg: TrainConfig, threads: int):
+        return make_backend(cfg, threads)
+
+    def _current_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
 
     # ------------------------------------------------------------------ set-up helpers
     def _pick_device(self, local_rank: int) -> torch.device:
@@ -113,43 +109,36 @@ class Trainer(EpochTrainer):
 
     def _load(self, path: str, model):
         """Rank 0: the checkpoint's model state now (before DDP wraps the model: DDP broadcasts
-        rank 0's weights); the rest is kept for the optimizer once wrapped. Returns its position."""
+        rank 0's weights). Returns its position, and the state (for the optimizer, once wrapped)."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
                               self._checkpoint_config())
         model.load_state_dict(state["model"])
         # A trial load: the optimizer state must fit now, while a failure still reaches every rank.
         make_optimizer(self.cfg, model.parameters()).load_state_dict(state["optimizer"])
-        self._saved = state
-        return state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]
+        return (state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]), state
 
     # ------------------------------------------------------------------ the loop
     def _param_arrays(self):
         return [p.detach().cpu().double().numpy() for p in self.raw_model.parameters()]
 
     def _train_epoch(self):
-        cfg, b = self.cfg, self.backend
+        cfg, b, meter = self.cfg, self.backend, self.meter
         k = cfg.batches_per_allreduce
         loader = data.train_loader(self.train_ds, cfg, self.rank, self.world_size, self.epoch, self.step_in_epoch)
         self.model.train()
-        window = torch.zeros(3, dtype=torch.float64)      # loss sum, correct, count since last reduce
-        totals = torch.zeros(3, dtype=torch.float64)
-        stopped_by = None
-        timing, timed_steps = False, 0
-        steps_left = min(self.steps_per_epoch - self.step_in_epoch, self.total_steps - self.global_step)
-        bar = self.reporter.progress(steps_left, f"epoch {self.epoch + 1}/{cfg.epochs}")
+        steps = self._start_epoch()
         for i, (x, y) in enumerate(loader):
-            if i == steps_left:
+            if i == steps:
                 break
-            if not timing and self._steps_run >= cfg.warmup_steps:
-                b.barrier()  # every rank starts the clock together: no rank-0-only timing
-                timing, t0 = True, time.perf_counter()
+            meter.before_step()
             torch.manual_seed(step_seed(cfg.seed, self.global_step, self.rank))
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             self.optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none (torch defaults to True)
+            stats = [0.0, 0.0, 0.0]   # loss sum, correct, count of this step
             for j, (xc, yc) in enumerate(zip(x.chunk(k), y.chunk(k))):
                 with b.no_sync(self.model, self.optimizer, j == k - 1), \
                         torch.autocast(self.device.type, enabled=cfg.amp):
@@ -159,42 +148,14 @@ class Trainer(EpochTrainer):
                 # gradient is that of the whole batch.
                 scaled = loss * (len(yc) / len(y))
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                window += torch.tensor([loss.item() * len(yc), (out.argmax(1) == yc).sum().item(), len(yc)],
-                                       dtype=torch.float64)
+                stats[0] += loss.item() * len(yc)
+                stats[1] += (out.argmax(1) == yc).sum().item()
+                stats[2] += len(yc)
             b.step(self.optimizer, self.scaler)
             self.scheduler.step()
-            self.global_step += 1
-            self.step_in_epoch += 1
-            self._steps_run += 1
-            timed_steps += timing
-            bar.update(1)
-            last = i == steps_left - 1
-            if self.global_step % cfg.log_interval == 0 or last:
-                reduced, stop = self._reduce_window(window)
-                totals += reduced
-                window.zero_()
-                interval_loss = reduced[0].item() / max(1.0, reduced[2].item())
-                self.loss_log.append([self.global_step, interval_loss])
-                self.reporter.scalars(self.global_step, {"train/loss": interval_loss,
-                                                         "train/lr": self.scheduler.get_last_lr()[0]})
-                bar.set_postfix(loss=f"{interval_loss:.4f}")
-                if stop:
-                    stopped_by = stop
-                    break
-        bar.close()
-        if timing:
-            b.barrier()
-            self.timed_seconds += time.perf_counter() - t0
-            self.timed_samples += timed_steps * cfg.batch_size * k
-        count = max(1.0, totals[2].item())
-        return {"train_loss": totals[0].item() / count, "train_acc": totals[1].item() / count}, stopped_by
-
-    def _reduce_window(self, window):
-        # One allreduce for the metrics and the stop votes: every rank stops at the same step and
-        # knows which signal stopped it.
-        votes = torch.tensor(stop_votes(self.stop.signal_name), dtype=torch.float64)
-        out = self.backend.allreduce_sum(torch.cat([window, votes]))
-        return out[:3], stop_reason(out[3].item(), out[4].item())
+            if self._step_done(stats):
+                break
+        return meter.end_epoch()
 
     @torch.no_grad()
     def _validate(self) -> dict:
@@ -209,9 +170,9 @@ class Trainer(EpochTrainer):
                 out = self.model(x)
             sums += torch.tensor([F.cross_entropy(out.float(), y, reduction="sum").item(),
                                   (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-        total = self.backend.allreduce_sum(sums)
-        count = int(total[2].item())
-        return {"val_loss": total[0].item() / count, "val_acc": total[1].item() / count, "val_count": count}
+        total = self.backend.allreduce_sum(sums.numpy(), "val_sums")
+        count = int(total[2])
+        return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count, "val_count": count}
 
     # ------------------------------------------------------------------ checkpoints and results
     def _save_checkpoint(self):

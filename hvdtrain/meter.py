@@ -1,0 +1,95 @@
+"""The per-step bookkeeping every trainer does the same way, written once: metric sums, the
+warm-up clock between barriers, the stop vote, the loss log, TensorBoard scalars and the
+progress bar. The torch loop, the TF custom loop and the Keras `fit` callback all call it inline:
+
+    meter.start_epoch(steps, label)
+    for each step:
+        meter.before_step()                       # after the warm-up steps: barrier, start the clock
+        ...one optimizer step...
+        if meter.after_step(global_step, stats):  # stats: (loss sum, correct, count) of the step
+            break                                 # every rank got the same stop signal
+    metrics, stopped_by = meter.end_epoch()       # barrier, stop the clock; the epoch's means
+
+Why: metrics are reduced as (sum, count) at log intervals only, never as means of means and
+never per batch, and the stop vote rides in the same allreduce, so every rank stops at the same
+step and knows which signal stopped it. Every rank starts and stops the clock together
+(barriers), so throughput is never rank 0's view alone.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from hvdtrain.collectives import Collectives
+
+STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
+
+
+def stop_votes(signal_name: str | None) -> list[float]:
+    """This rank's votes, summed over ranks with the metrics: [saw SIGUSR1, saw SIGTERM]."""
+    return [float(signal_name == s) for s in STOP_SIGNALS]
+
+
+def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
+    """The signal every rank agrees stopped the run: SIGTERM on any rank outweighs SIGUSR1."""
+    return "SIGTERM" if term_votes > 0 else "SIGUSR1" if usr1_votes > 0 else None
+
+
+class StepMeter:
+    def __init__(self, backend: Collectives, reporter, signal_name: Callable[[], str | None],
+                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int):
+        self.backend, self.reporter = backend, reporter
+        self.signal_name, self.current_lr = signal_name, current_lr
+        self.log_interval, self.warmup_steps, self.samples_per_step = log_interval, warmup_steps, samples_per_step
+        self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
+        self.timed_seconds, self.timed_samples = 0.0, 0
+        self.loss_log: list[list] = []  # [global step, mean loss over the interval]
+
+    @property
+    def images_per_sec(self) -> float | None:
+        return self.timed_samples / self.timed_seconds if self.timed_seconds else None
+
+    def start_epoch(self, steps: int, first_step: int, label: str) -> None:
+        """`steps` steps follow, the first of which makes the global step `first_step + 1`."""
+        self.window = np.zeros(3)       # loss sum, correct, count since the last reduction
+        self.totals = np.zeros(3)
+        self.last_step = first_step + steps
+        self.stopped_by, self.timing, self.timed_steps, self.t0 = None, False, 0, 0.0
+        self.bar = self.reporter.progress(steps, label)
+
+    def before_step(self) -> None:
+        if not self.timing and self.steps_run >= self.warmup_steps:
+            self.backend.barrier()  # every rank starts the clock together
+            self.timing, self.t0 = True, time.perf_counter()
+
+    def after_step(self, global_step: int, stats) -> bool:
+        """Count one finished step (now at `global_step`) with its (loss sum, correct, count);
+        at a log interval or the epoch's last step, reduce over ranks. True: stop now."""
+        self.steps_run += 1
+        self.timed_steps += self.timing
+        self.window += np.asarray(stats, dtype=np.float64)
+        self.bar.update(1)
+        if global_step % self.log_interval and global_step != self.last_step:
+            return False
+        reduced = self.backend.allreduce_sum(np.array([*self.window, *stop_votes(self.signal_name())]),
+                                             "train_window")
+        self.totals += reduced[:3]
+        self.window[:] = 0
+        interval_loss = float(reduced[0] / max(1.0, reduced[2]))
+        self.loss_log.append([global_step, interval_loss])
+        self.reporter.scalars(global_step, {"train/loss": interval_loss, "train/lr": float(self.current_lr())})
+        self.bar.set_postfix(loss=f"{interval_loss:.4f}")
+        self.stopped_by = stop_reason(reduced[3], reduced[4])
+        return self.stopped_by is not None
+
+    def end_epoch(self) -> tuple[dict, str | None]:
+        self.bar.close()
+        if self.timing:
+            self.backend.barrier()
+            self.timed_seconds += time.perf_counter() - self.t0
+            self.timed_samples += self.timed_steps * self.samples_per_step
+        count = max(1.0, float(self.totals[2]))
+        return ({"train_loss": float(self.totals[0]) / count, "train_acc": float(self.totals[1]) / count},
+                self.stopped_by)
