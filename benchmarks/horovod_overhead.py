@@ -33,6 +33,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from hvdtrain.launch import launch_command, launch_env  # noqa: E402
 from hvdtrain.tuning import horovod_settings  # noqa: E402
 
 PY = sys.executable
@@ -40,7 +41,7 @@ TUNED = horovod_settings("auto", on_cpu=True, cores_per_rank=1)
 
 
 def mpirun(np, env=None):
-    cmd = ["mpirun", "-np", str(np), "--bind-to", "none", "--oversubscribe"]
+    cmd = launch_command("mpirun", np)
     for key, value in (env or {}).items():
         cmd += ["-x", f"{key}={value}"]
     return cmd
@@ -98,8 +99,7 @@ def main():
     p.add_argument("--out", default="runs/overhead")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     for key in TUNED:  # the untuned runs must not inherit a setting from this shell
         env.pop(key, None)
     table = configs(a)

@@ -22,6 +22,7 @@ import sys
 import time
 
 from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.launch import launch_command, launch_env
 from hvdtrain.results import environment_fingerprint, library_versions, write_json
 from hvdtrain.workloads import WORKLOADS, get_workload
 
@@ -35,12 +36,6 @@ BACKENDS = {
 PARITY_PAIRS = (("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms"))
 
 
-def launcher_prefix(launcher: str, np: int) -> list[str]:
-    if launcher == "srun":
-        return ["srun", "--mpi=pmix", "-n", str(np), "--kill-on-bad-exit=1"]
-    return ["mpirun", "-np", str(np), "--bind-to", "none", "--oversubscribe"]
-
-
 def pick_launcher(requested: str) -> str:
     if requested != "auto":
         return requested
@@ -50,10 +45,9 @@ def pick_launcher(requested: str) -> str:
 def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> dict:
     result_path = os.path.join(out_dir, "runs", f"{tag}.json")
     log_path = os.path.join(out_dir, "runs", f"{tag}.log")
-    cmd = (launcher_prefix(args.launcher, np) + [sys.executable] + BACKENDS[backend] + workload.trainer_args()
+    cmd = (launch_command(args.launcher, np) + [sys.executable] + BACKENDS[backend] + workload.trainer_args()
            + ["--threads-per-rank", str(args.threads_per_rank), "--log-interval", "1", "--result-json", result_path])
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

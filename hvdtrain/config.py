@@ -48,12 +48,17 @@ class TrainConfig:
     log_interval: int = 10
     result_json: str | None = None
     warmup_steps: int = 2                # steps excluded from throughput timing
+    validation: str = "auto"             # auto (not on synthetic data) | on | off
     loop: str = "custom"                 # TF only: fit | custom
     backend: str = "horovod"             # torch: horovod | ddp; tf: horovod | mwms
     horovod_tuning: str = "auto"         # auto | off: see hvdtrain/tuning.py
     cycle_time_ms: float | None = None   # HOROVOD_CYCLE_TIME override
     mpi_yield: str = "auto"              # auto | on | off: OMPI_MCA_mpi_yield_when_idle
     world_size: int = 1                  # filled in by the trainer once the launcher is known
+
+    @property
+    def validates(self) -> bool:
+        return self.validation == "on" or (self.validation == "auto" and self.dataset != "synthetic")
 
     def __post_init__(self):
         problems = []
@@ -148,6 +153,9 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--log-interval", type=int, default=d.log_interval, help="steps between progress reductions")
     p.add_argument("--result-json", default=None, help="write config, throughput, metrics and checksums here")
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
+    p.add_argument("--validation", default=d.validation, choices=("auto", "on", "off"),
+                   help="a validation pass after each epoch (auto: yes, except on synthetic data, whose "
+                        "random labels make validation loss and accuracy meaningless)")
     p.add_argument("--horovod-tuning", default=d.horovod_tuning, choices=("auto", "off"),
                    help="auto: set Horovod/Open MPI knobs from the cores per rank (docs/horovod-overhead.md)")
     p.add_argument("--cycle-time-ms", type=float, default=None,

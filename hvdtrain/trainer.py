@@ -108,6 +108,10 @@ class EpochTrainer(abc.ABC):
         self.reporter.info(f"backend: {self.backend.describe()}")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+        if not cfg.validates:
+            why = ("synthetic data has random labels: validation loss and accuracy would mean nothing"
+                   if cfg.dataset == "synthetic" else "--validation off")
+            self.reporter.info(f"no validation pass ({why}; --validation on runs it)")
 
     def _plan_steps(self, train_size: int, val_size: int) -> None:
         """Steps per epoch, for the schedule and in all, from the data sizes; too little data for
@@ -163,17 +167,18 @@ class EpochTrainer(abc.ABC):
                     self.epoch, self.step_in_epoch = self.epoch + 1, 0
                 self._save_checkpoint()
                 break
-            val_metrics = self._validate()
+            val_metrics = self._validate() if cfg.validates else {}
             record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
                       "global_step": self.global_step, **train_metrics, **val_metrics}
             self.history.append(record)
             rate = self.meter.images_per_sec or float("nan")
+            val = (f"val loss {val_metrics['val_loss']:.4f} acc {val_metrics['val_acc']:.4f} "
+                   f"({val_metrics['val_count']} samples)" if val_metrics else "no validation")
             self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
-                               f"acc {train_metrics['train_acc']:.4f} | val loss {val_metrics['val_loss']:.4f} "
-                               f"acc {val_metrics['val_acc']:.4f} ({val_metrics['val_count']} samples) | "
-                               f"{rate * self.world_size:.1f} img/s")
-            self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
-                                                     "val/acc": val_metrics["val_acc"]})
+                               f"acc {train_metrics['train_acc']:.4f} | {val} | {rate * self.world_size:.1f} img/s")
+            if val_metrics:
+                self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
+                                                         "val/acc": val_metrics["val_acc"]})
             if epoch_done:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self._save_checkpoint()
@@ -209,6 +214,12 @@ class EpochTrainer(abc.ABC):
         if cfg.result_json and self.is_rank0:
             write_json(cfg.result_json, result)
             self.reporter.info(f"result file {cfg.result_json}")
+        if result["throughput"]:
+            t = result["throughput"]
+            self.reporter.info(f"throughput: {t['total_images_per_sec']:.1f} img/s in all, "
+                               f"{t['min_rank_images_per_sec']:.1f} on the slowest of {self.world_size} rank(s): "
+                               f"training samples per second, timed on every rank between barriers after "
+                               f"{cfg.warmup_steps} warm-up step(s)")
         self.reporter.close()
         b.barrier()
         b.shutdown()

@@ -12,6 +12,7 @@ NP=${NP:-2}
 RUN=runs/resnet50-$(date +%Y%m%d-%H%M%S)   # a fresh directory: no silent auto-resume
 mkdir -p "$RUN"
 set -x
-mpirun -np "$NP" --bind-to none --oversubscribe python -m hvdtrain.torch --model resnet50 --dataset synthetic \
+# The launcher prefix comes from hvdtrain.launch, as for the comparison, benchmarks and tests.
+$(python -m hvdtrain.launch mpirun "$NP") python -m hvdtrain.torch --model resnet50 --dataset synthetic \
     --image-size 64 --batch-size 8 --steps 12 --epochs 1 --checkpoint-dir "$RUN/checkpoints" \
     --log-dir "$RUN/tb" --result-json "$RUN/result.json" "$@"

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,13 +18,17 @@ from dataclasses import dataclass
 
 import pytest
 
+from hvdtrain.cluster import free_port  # noqa: F401 - the tests' one free_port, re-exported
+from hvdtrain.launch import launch_command, root_variables
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 
 
 def base_env() -> dict:
     env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+    env.update(root_variables())
+    env.update(PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env["PATH"]
@@ -33,23 +36,8 @@ def base_env() -> dict:
 
 
 def launcher_prefix(launcher: str, np: int) -> list[str]:
-    if launcher == "mpirun":
-        # --tag-output: every line names its rank. --bind-to none: let the per-rank thread count
-        # decide, as under srun here.
-        return ["mpirun", "-np", str(np), "--tag-output", "--bind-to", "none", "--oversubscribe"]
-    if launcher == "srun":
-        return ["srun", "--mpi=pmix", "-n", str(np), "--label", "--kill-on-bad-exit=1", "-t", "10"]
-    if launcher == "horovodrun":
-        return ["horovodrun", "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
-    if launcher == "single":
-        return []
-    raise ValueError(launcher)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Output lines tagged with their rank; srun steps limited to 10 minutes.
+    return launch_command(launcher, np, tag_output=True, time_limit_min=10)
 
 
 @dataclass
