@@ -136,6 +136,14 @@ def slurm_cluster():
     os.environ.pop("SLURM_CONF", None)
 
 
+# Fixtures that start real daemons or set-ups: a test that uses one is in the distributed tier.
+SLOW_FIXTURES = {"slurm_cluster", "uninterrupted", "two_node_cluster", "site_shaped_controller", "cluster_user",
+                 "cluster_root"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     # Tests that need the Slurm cluster run together, so it is started once.
     items.sort(key=lambda item: "slurm_cluster" in getattr(item, "fixturenames", ()))

@@ -5,6 +5,8 @@ import pytest
 
 from conftest import PYTHON, REPO, launch
 
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 FRAMEWORKS = ["torch", "tf"]
 

@@ -7,6 +7,8 @@ import pytest
 
 from conftest import PYTHON, REPO, base_env
 
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
 BACKENDS = ["horovod-torch", "ddp", "horovod-tf", "tf-mwms"]
 
 

@@ -17,6 +17,7 @@ def verdict(output: str) -> list[str]:
     return [m.group(0).strip() for m in re.finditer(r"hvdtrain\.doctor: (NOT READY|READY)[^\n\[]*", output)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher,np", [("single", 1), ("mpirun", 2), ("horovodrun", 2)])
 def test_ready(launcher, np):
     run = launch(launcher, np, DOCTOR, timeout=120)
@@ -30,6 +31,7 @@ def test_ready(launcher, np):
         f"READY: {np} rank(s) on 1 host(s) can train with hvdtrain.tf, hvdtrain.torch"], out[-3000:]
 
 
+@pytest.mark.slow
 def test_ready_under_srun(slurm_cluster):
     run = launch("srun", 2, DOCTOR, timeout=180)
     assert "hvdtrain doctor: 2 rank(s) via slurm" in run.output, run.output[-3000:]
@@ -37,6 +39,7 @@ def test_ready_under_srun(slurm_cluster):
     assert "READY: 2 rank(s)" in verdict(run.output)[0]
 
 
+@pytest.mark.slow
 def test_horovod_without_torch_ops(tmp_path):
     """A real Horovod install whose PyTorch extension is missing (a build without
     HOROVOD_WITH_PYTORCH=1): the checks still run on TensorFlow's ops, and the verdict says why."""
@@ -54,6 +57,7 @@ def test_horovod_without_torch_ops(tmp_path):
     assert "correct on 2/2 rank(s)" in run.output, run.output[-3000:]  # TF's ops did the checks
 
 
+@pytest.mark.slow
 def test_more_ranks_than_gpus():
     """The scheduler's GPU count is what the doctor reads (as Slurm sets it for --gres=gpu:1)."""
     env = base_env()
@@ -65,6 +69,7 @@ def test_more_ranks_than_gpus():
     assert "the job was given 1 GPU(s) but the framework sees none" in line, line
 
 
+@pytest.mark.slow
 def test_ranks_disagree_on_world_size(tmp_path):
     """Two processes a launcher meant as ranks 0 and 1 of 2, whose MPI never joined them (as
     `srun --mpi=none` does with Open MPI): each is a world of one, and each says so."""

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import PYTHON, REPO, launch
 
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
 EXAMPLES = os.path.join(REPO, "tf_examples")
 
 

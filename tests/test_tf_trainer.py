@@ -16,6 +16,8 @@ import pytest
 
 from conftest import PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, launch, launch_each_rank_to_its_end
 
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
 TRAIN = [PYTHON, "-m", "hvdtrain.tf"]
 # Digits on 2 ranks: 21 steps of 2 x 32 per epoch, a few seconds an epoch on 2 shared cores.
 DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--base-lr", "0.05", "--warmup-epochs", "1",
@@ -185,16 +187,6 @@ def test_fit_without_keras2_says_why(tmp_path, case):
     assert len(errors) == 1 and "--loop fit needs Keras 2 because Horovod 0.28.1's Keras layer" in errors[0]
     assert expected in errors[0], errors[0]
     assert "AttributeError" not in run.output and "Traceback" not in run.output
-
-
-def test_lr_schedule_warmup_then_cosine():
-    from hvdtrain.config import TrainConfig
-    from hvdtrain.schedule import lr_factor
-
-    cfg = TrainConfig(world_size=2, base_lr=0.05, warmup_epochs=1, lr_schedule="cosine")
-    f = lr_factor(cfg, steps_per_epoch=10, total_steps=110)
-    assert [f(s) for s in (0, 5, 10)] == pytest.approx([0.5, 0.75, 1.0])  # from the one-rank LR
-    assert f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_srun_two_tasks_runs_the_tf_trainer(slurm_cluster, tmp_path):

@@ -14,6 +14,8 @@ import torch
 from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, launch,
                       launcher_prefix,                       launch_each_rank_to_its_end)
 
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
 TRAINER = [PYTHON, "-m", "hvdtrain.torch"]
 SMALL = ["--dataset", "digits", "--model", "mnist_cnn", "--epochs", "1", "--threads-per-rank", "1"]
 

@@ -2,7 +2,11 @@
 import os
 import re
 
+import pytest
+
 from conftest import PYTHON, REPO, launch
+
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
 EXAMPLES = os.path.join(REPO, "torch_examples")
 

@@ -7,6 +7,8 @@ import torch
 
 from conftest import PYTHON, launch
 
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
 TRAINER = [PYTHON, "-m", "hvdtrain.torch"]
 # Adam on digits: 15 short epochs reach ~98% on one CPU core. base-lr is per 32-sample rank batch.
 DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "adam", "--epochs", "15",

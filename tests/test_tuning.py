@@ -1,3 +1,4 @@
+import pytest
 """hvdtrain's Horovod settings: chosen from the resources, never overriding the user's, and
 really in force in a launched trainer."""
 import json
@@ -31,6 +32,7 @@ def test_user_export_wins(monkeypatch):
     assert applied == {"HOROVOD_CYCLE_TIME": "20", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
+@pytest.mark.slow
 def test_trainer_records_settings_in_force(tmp_path):
     result = tmp_path / "r.json"
     env = base_env()

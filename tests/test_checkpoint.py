@@ -1,0 +1,53 @@
+"""Checkpoint naming, atomic writes, pruning and compatibility (fast tier: no ranks)."""
+import os
+
+import pytest
+
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.errors import UsageError
+
+
+def test_names_sort_by_global_step_not_by_text(tmp_path):
+    names = [ckpt.checkpoint_name(step, epoch, "pt") for step, epoch in ((9, 0), (100, 3), (10, 1))]
+    assert names[0] == "ckpt-e0000-s00000009.pt"
+    for n in names + ["notes.txt", "ckpt-latest.pt", ".tmp-abc"]:
+        (tmp_path / n).write_bytes(b"x")
+    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == [
+        "ckpt-e0000-s00000009.pt", "ckpt-e0001-s00000010.pt", "ckpt-e0003-s00000100.pt"]
+    assert ckpt.latest_checkpoint(str(tmp_path)).endswith("s00000100.pt")
+    assert ckpt.latest_checkpoint(str(tmp_path / "absent")) is None
+
+
+def test_atomic_write_leaves_the_old_file_and_no_temporary_on_failure(tmp_path):
+    path = tmp_path / "ckpt-e0001-s00000010.pt"
+    ckpt.atomic_write(str(path), lambda f: f.write(b"good"))
+    assert path.read_bytes() == b"good"
+
+    def crash(f):
+        f.write(b"half")
+        raise RuntimeError("disk gone")
+    with pytest.raises(RuntimeError):
+        ckpt.atomic_write(str(path), crash)
+    assert path.read_bytes() == b"good"
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-e0001-s00000010.pt"]
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    for step in (1, 2, 3, 4):
+        (tmp_path / ckpt.checkpoint_name(step, 0, "npz")).write_bytes(b"x")
+    ckpt.prune(str(tmp_path), 2)
+    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == [
+        "ckpt-e0000-s00000003.npz", "ckpt-e0000-s00000004.npz"]
+    ckpt.prune(str(tmp_path), 0)  # 0: keep everything
+    assert len(ckpt.list_checkpoints(str(tmp_path))) == 2
+
+
+def test_compatibility_lists_every_difference():
+    saved = {"format_version": ckpt.FORMAT_VERSION, "framework": "torch", "model": "mnist_cnn", "dataset": "digits",
+             "image_size": 8, "optimizer": "sgd", "num_classes": 10, "batch_size": 32}
+    assert ckpt.incompatibilities(saved, {**saved, "batch_size": 64}) == []   # not a shape or meaning change
+    diffs = ckpt.incompatibilities(saved, {**saved, "model": "resnet18", "optimizer": "adam"})
+    assert diffs == ["model: checkpoint 'mnist_cnn', this run 'resnet18'",
+                     "optimizer: checkpoint 'sgd', this run 'adam'"]
+    with pytest.raises(UsageError, match="checkpoint /x/c.pt does not match this run: format_version"):
+        ckpt.check_compatible("/x/c.pt", {**saved, "format_version": 0}, saved)

@@ -1,0 +1,107 @@
+"""The step meter shared by every trainer (fast tier). Its collectives come from a two-rank
+stand-in whose "other rank" contributes known numbers: this checks the meter's arithmetic and
+timing of reductions, not MPI (the distributed tier runs it on real ranks)."""
+import numpy as np
+
+from hvdtrain.collectives import Collectives
+from hvdtrain.meter import StepMeter, stop_reason, stop_votes
+
+
+class TwoRanks:
+    """allreduce_sum adds what the other rank would send: the same stats, and its stop vote."""
+    name, rank, world_size, local_rank = "stand-in", 0, 2, 0
+
+    def __init__(self):
+        self.reductions, self.barriers, self.other_signal = [], 0, None
+
+    def allreduce_sum(self, values, name):
+        self.reductions.append(name)
+        other = np.array([*values[:3], *stop_votes(self.other_signal)])
+        return np.asarray(values, dtype=np.float64) + other
+
+    def broadcast_object(self, obj, name):
+        return obj
+
+    def allgather_object(self, obj, name):
+        return [obj, obj]
+
+    def barrier(self):
+        self.barriers += 1
+
+    def describe(self):
+        return {}
+
+    def shutdown(self):
+        pass
+
+
+class Quiet:
+    def progress(self, total, desc):
+        class Bar:
+            def update(self, n): pass
+            def set_postfix(self, **kw): pass
+            def close(self): pass
+        return Bar()
+
+    def __init__(self):
+        self.scalar_steps = []
+
+    def scalars(self, step, values):
+        self.scalar_steps.append((step, sorted(values)))
+
+
+def meter(backend, reporter, signal=None, log_interval=3, warmup_steps=1):
+    return StepMeter(backend, reporter, lambda: signal, lambda: 0.1, log_interval, warmup_steps, samples_per_step=4)
+
+
+def test_backends_satisfy_the_protocol():
+    assert isinstance(TwoRanks(), Collectives)
+
+
+def test_reduces_at_log_intervals_and_the_epochs_last_step_as_sums():
+    b, r = TwoRanks(), Quiet()
+    m = meter(b, r)
+    m.start_epoch(steps=5, first_step=0, label="epoch 1/1")
+    for step in range(1, 6):
+        m.before_step()
+        assert not m.after_step(step, [2.0 * step, 1.0, 4.0])   # loss sum, correct, count
+    assert b.reductions == ["train_window", "train_window"]   # at step 3 and at the last step, 5
+    assert [s for s, _ in m.loss_log] == [3, 5]
+    # Interval 1-3: loss sums 2+4+6 over 12 samples on each rank -> 1.0; steps 4-5: 18 / 8.
+    assert m.loss_log == [[3, 1.0], [5, 2.25]]
+    metrics, stopped = m.end_epoch()
+    assert stopped is None
+    assert metrics == {"train_loss": 30 * 2 / 40, "train_acc": 10 / 40}
+    assert r.scalar_steps == [(3, ["train/loss", "train/lr"]), (5, ["train/loss", "train/lr"])]
+
+
+def test_warm_up_steps_are_not_timed_and_the_clock_is_between_barriers():
+    b = TwoRanks()
+    m = meter(b, Quiet(), warmup_steps=2)
+    m.start_epoch(steps=4, first_step=0, label="e")
+    for step in range(1, 5):
+        m.before_step()
+        m.after_step(step, [1.0, 1.0, 4.0])
+    m.end_epoch()
+    assert b.barriers == 2                      # start of step 3, end of epoch
+    assert m.timed_samples == 2 * 4 and m.timed_seconds > 0 and m.images_per_sec > 0
+
+
+def test_a_signal_on_another_rank_stops_every_rank_at_the_same_step():
+    b = TwoRanks()
+    b.other_signal = "SIGUSR1"
+    m = meter(b, Quiet(), log_interval=2)
+    m.start_epoch(steps=6, first_step=0, label="e")
+    stops = []
+    for step in range(1, 7):
+        m.before_step()
+        if m.after_step(step, [1.0, 0.0, 1.0]):
+            stops.append(step)
+            break
+    assert stops == [2] and m.end_epoch()[1] == "SIGUSR1"
+
+
+def test_sigterm_outweighs_sigusr1():
+    assert stop_reason(usr1_votes=2, term_votes=1) == "SIGTERM"
+    assert stop_reason(usr1_votes=1, term_votes=0) == "SIGUSR1"
+    assert stop_reason(0, 0) is None
