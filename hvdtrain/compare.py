@@ -21,19 +21,17 @@ import subprocess
 import sys
 import time
 
+from hvdtrain import backends
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.launch import launch_command, launch_env
 from hvdtrain.results import environment_fingerprint, library_versions, write_json
 from hvdtrain.workloads import WORKLOADS, get_workload
 
-BACKENDS = {
-    "horovod-torch": ["-m", "hvdtrain.torch", "--backend", "horovod"],
-    "ddp": ["-m", "hvdtrain.torch", "--backend", "ddp"],
-    "horovod-tf": ["-m", "hvdtrain.tf", "--backend", "horovod", "--loop", "custom"],
-    "tf-mwms": ["-m", "hvdtrain.tf", "--backend", "mwms", "--loop", "custom"],
-}
+# Every backend of hvdtrain/backends.py, by its report label (horovod-torch, ddp, horovod-tf, tf-mwms).
+BACKENDS = {b.label: b for b in backends.BACKENDS}
 # Pairs that start from the same weights and see the same batches: their losses must agree.
-PARITY_PAIRS = (("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms"))
+PARITY_PAIRS = tuple((backends.get(b.framework, "horovod").label, b.label)
+                     for b in backends.BACKENDS if b.name != "horovod")
 
 
 def pick_launcher(requested: str) -> str:
@@ -45,7 +43,7 @@ def pick_launcher(requested: str) -> str:
 def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> dict:
     result_path = os.path.join(out_dir, "runs", f"{tag}.json")
     log_path = os.path.join(out_dir, "runs", f"{tag}.log")
-    cmd = (launch_command(args.launcher, np) + [sys.executable] + BACKENDS[backend] + workload.trainer_args()
+    cmd = (launch_command(args.launcher, np) + [sys.executable] + BACKENDS[backend].trainer_args() + workload.trainer_args()
            + ["--threads-per-rank", str(args.threads_per_rank), "--log-interval", "1", "--result-json", result_path])
     env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     started = time.time()

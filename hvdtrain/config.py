@@ -10,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from hvdtrain import backends
 from hvdtrain.errors import UsageError
 
 DATASETS = ("synthetic", "imagefolder", "digits")
@@ -50,7 +51,7 @@ class TrainConfig:
     warmup_steps: int = 2                # steps excluded from throughput timing
     validation: str = "auto"             # auto (not on synthetic data) | on | off
     loop: str = "custom"                 # TF only: fit | custom
-    backend: str = "horovod"             # torch: horovod | ddp; tf: horovod | mwms
+    backend: str = "horovod"             # hvdtrain/backends.py: torch: horovod | ddp; tf: horovod | mwms
     horovod_tuning: str = "auto"         # auto | off: see hvdtrain/tuning.py
     cycle_time_ms: float | None = None   # HOROVOD_CYCLE_TIME override
     mpi_yield: str = "auto"              # auto | on | off: OMPI_MCA_mpi_yield_when_idle
@@ -86,8 +87,7 @@ class TrainConfig:
             problems.append("--resume needs --checkpoint-dir")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             problems.append(f"--threads-per-rank must be >= 1 (got {self.threads_per_rank})")
-        if self.use_adasum and self.fp16_allreduce and self.framework == "tf":
-            problems.append("--use-adasum with --fp16-allreduce is not supported by Horovod-TF")
+        problems += backends.problems(self)  # unknown backend, or options it cannot honour
         if problems:
             raise UsageError("; ".join(problems))
 
@@ -165,12 +165,10 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     if framework == "torch":
         p.add_argument("--num-workers", type=int, default=d.num_workers, help="DataLoader workers per rank")
         p.add_argument("--amp", action="store_true", help="mixed precision on GPU (autocast + GradScaler)")
-        p.add_argument("--backend", default="horovod", choices=("horovod", "ddp"),
-                       help="horovod, or torch DDP for comparison")
     else:
         p.add_argument("--loop", default=d.loop, choices=("fit", "custom"), help="Keras fit or GradientTape loop")
-        p.add_argument("--backend", default="horovod", choices=("horovod", "mwms"),
-                       help="horovod, or tf.distribute MultiWorkerMirroredStrategy for comparison")
+    p.add_argument("--backend", default=d.backend, choices=backends.names(framework),
+                   help="; ".join(f"{b.name}: {b.summary}" for b in backends.BACKENDS if b.framework == framework))
     return p
 
 

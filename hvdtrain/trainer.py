@@ -13,6 +13,7 @@ import abc
 import os
 import socket
 
+from hvdtrain import backends
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.collectives import Collectives
@@ -35,7 +36,7 @@ class EpochTrainer(abc.ABC):
         self.env = ClusterEnv.from_environ()
         self.threads = threads_per_rank(cfg.threads_per_rank, self.env.local_world_size)
         self._set_threads(self.threads)
-        self.backend: Collectives = self._make_backend(cfg, self.threads)
+        self.backend: Collectives = backends.start(cfg, self.threads)  # hvd.init(), init_process_group, ...
         self.cfg = cfg.with_world_size(self.backend.world_size)
         self.rank, self.world_size = self.backend.rank, self.backend.world_size
         self.is_rank0 = self.rank == 0
@@ -50,10 +51,6 @@ class EpochTrainer(abc.ABC):
     @abc.abstractmethod
     def _set_threads(self, threads: int) -> None:
         """Set the framework's CPU threads, before it runs its first op."""
-
-    @abc.abstractmethod
-    def _make_backend(self, cfg: TrainConfig, threads: int) -> Collectives:
-        """Start the backend cfg.backend names (hvd.init(), init_process_group, ...)."""
 
     @abc.abstractmethod
     def _train_epoch(self) -> tuple[dict, str | None]:

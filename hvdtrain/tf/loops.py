@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from hvdtrain.errors import UsageError
 from hvdtrain.schedule import lr_factor
-from hvdtrain.tf.backends import tf_variable
+from hvdtrain.tf.devices import tf_variable
 
 
 def make_loop(cfg, keras, model, backend, trainer):

@@ -22,7 +22,6 @@ from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.report import Rank0Reporter
-from hvdtrain.tf.backends import make_backend
 from hvdtrain.tf.data import build_data
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.models import build_model
@@ -63,8 +62,6 @@ class Trainer(EpochTrainer):
         super().__init__(cfg)
         cfg, b = self.cfg, self.backend
         self.keras = keras
-        if cfg.batches_per_allreduce != 1:
-            raise UsageError("--batches-per-allreduce > 1 is not supported by hvdtrain.tf yet")
 
         self.data = d = build_data(cfg)
         self._plan_steps(d.train_size, d.val_size)
@@ -90,9 +87,6 @@ class Trainer(EpochTrainer):
 
     def _set_threads(self, threads: int) -> None:
         set_threads(threads)
-
-    def _make_backend(self, cfg: TrainConfig, threads: int):
-        return make_backend(cfg, threads)
 
     # ------------------------------------------------------------------ set-up helpers
     def _checkpoint_config(self) -> dict:

@@ -24,7 +24,6 @@ from hvdtrain.report import Rank0Reporter
 from hvdtrain.schedule import lr_factor
 from hvdtrain.torch import data
 from hvdtrain.trainer import EpochTrainer
-from hvdtrain.torch.backends import make_backend
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
 
 PROG = "hvdtrain.torch"
@@ -88,9 +87,6 @@ class Trainer(EpochTrainer):
 
     def _set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)
-
-    def _make_backend(self, cfg: TrainConfig, threads: int):
-        return make_backend(cfg, threads)
 
     def _current_lr(self) -> float:
         return self.scheduler.get_last_lr()[0]

@@ -1,12 +1,10 @@
-"""Data-parallel backends for the TF trainer. Horovod is the product; a tf.distribute
-MultiWorkerMirroredStrategy backend for comparison (hvdtrain/tf/mwms.py) answers the same questions:
+"""Horovod for the TF trainer: the product's backend (hvdtrain/backends.py lists them all).
 
-who am I (rank, local_rank, world_size); wrap a GradientTape (custom loop) or a Keras optimizer
-plus its callbacks (fit loop); broadcast variables from rank 0; sum a metric over ranks; agree on
-an object; barrier; shut down. Nothing outside this module branches on the backend's name.
+It answers what the loops ask (hvdtrain/tf/loops.py): wrap a GradientTape (custom loop) or a Keras
+optimizer plus its callbacks (fit loop), broadcast variables from rank 0, average BatchNorm
+statistics, and the collectives of hvdtrain.collectives.
 
-    backend = make_backend(cfg, cores_per_rank)
-    tape = backend.distributed_tape(tape)          # gradients averaged over ranks
+    tape = backend.distributed_tape(tape, cfg)          # gradients averaged over ranks
 """
 from __future__ import annotations
 
@@ -17,20 +15,7 @@ import tensorflow as tf
 
 from hvdtrain import tuning
 from hvdtrain.errors import UsageError
-
-
-def make_backend(cfg, cores_per_rank: int):
-    if cfg.backend == "horovod":
-        on_cpu = not tf.config.list_physical_devices("GPU")
-        return HorovodBackend(tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cores_per_rank,
-                                                      cfg.cycle_time_ms, cfg.mpi_yield))
-    if cfg.backend == "mwms":
-        if cfg.loop != "custom":
-            raise UsageError("--backend mwms runs the GradientTape loop only: use --loop custom")
-        from hvdtrain.tf.mwms import MWMSBackend
-
-        return MWMSBackend()
-    raise UsageError(f"unknown backend '{cfg.backend}'; valid: horovod, mwms")
+from hvdtrain.tf.devices import pin_gpu, tf_variable
 
 
 def import_horovod_tf():
@@ -45,33 +30,16 @@ def import_horovod_tf():
     return hvd
 
 
-def tf_variable(v) -> tf.Variable:
-    """The tf.Variable behind a Keras 3 variable (tf_keras' variables are tf.Variables already).
-    Horovod's broadcast_variables assigns inside a tf.function, where a Keras 3 variable would
-    arrive as a plain tensor."""
-    return v if isinstance(v, tf.Variable) else v.value
-
-
-def pin_gpu(local_rank: int) -> str:
-    """One GPU per rank (ranks of a node take GPUs 0..local_size-1); "cpu" where there is none.
-    Must run before TensorFlow initialises its devices."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "cpu"
-    gpu = gpus[local_rank % len(gpus)]
-    tf.config.set_visible_devices(gpu, "GPU")
-    tf.config.experimental.set_memory_growth(gpu, True)  # do not take the whole GPU up front
-    return gpu.name
-
-
 class HorovodBackend:
     name = "horovod"
 
     # The loss of a rank's batch is used as is: Horovod averages the gradients.
     gradient_scale = 1.0
 
-    def __init__(self, settings: dict[str, str]):
+    def __init__(self, cfg, cores_per_rank: int):
         self.hvd = hvd = import_horovod_tf()
+        settings = tuning.horovod_settings(cfg.horovod_tuning, not tf.config.list_physical_devices("GPU"),
+                                           cores_per_rank, cfg.cycle_time_ms, cfg.mpi_yield)
         if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
             raise UsageError("Horovod is installed without its TensorFlow ops (horovod/tensorflow/mpi_lib is "
                              "missing; rebuild with HOROVOD_WITH_TENSORFLOW=1: bash scripts/setup.sh)")

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.cluster import ClusterEnv, free_port
-from hvdtrain.tf.backends import pin_gpu
+from hvdtrain.tf.devices import pin_gpu
 
 
 def cluster_resolver(env: ClusterEnv):
@@ -42,7 +42,7 @@ def cluster_resolver(env: ClusterEnv):
 class MWMSBackend:
     name = "mwms"
 
-    def __init__(self):
+    def __init__(self, cfg, cores_per_rank: int):
         env = ClusterEnv.from_environ()
         self.rank, self.local_rank = env.rank, env.local_rank
         self.world_size, self.local_world_size = env.world_size, env.local_world_size

@@ -1,0 +1,106 @@
+"""The data-parallel backends of each trainer, in one table: what `--backend` accepts, what
+`hvdtrain.compare` runs, and which options each backend refuses all come from here.
+
+    python -m hvdtrain.torch --backend ddp ...     # torch: horovod (the product) | ddp
+    python -m hvdtrain.tf --backend mwms ...       # tf: horovod (the product) | mwms
+
+A backend lives in its own module (hvdtrain/<framework>/backend_<name>.py) and is imported only
+when chosen, so that this table, the CLI and the option checks need neither torch, TensorFlow nor
+Horovod. Its class is built as `Class(cfg, cores_per_rank)` and offers
+`hvdtrain.collectives.Collectives` plus what its framework's trainer calls.
+
+An option a backend cannot honour is refused before anything starts, never silently ignored:
+each refusal below names the option and says what to use instead.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Refusal:
+    applies: Callable  # (TrainConfig) -> bool
+    message: str
+
+
+@dataclass(frozen=True)
+class Backend:
+    framework: str           # torch | tf
+    name: str                # as --backend spells it
+    module: str              # imported only when this backend is chosen
+    cls: str
+    label: str               # its name in hvdtrain.compare's reports
+    summary: str
+    refusals: tuple[Refusal, ...] = ()
+    compare_args: tuple[str, ...] = ()  # trainer options hvdtrain.compare adds for it
+
+    def trainer_args(self) -> list[str]:
+        """The trainer command for this backend (after the Python interpreter)."""
+        return ["-m", f"hvdtrain.{self.framework}", "--backend", self.name, *self.compare_args]
+
+    def start(self, cfg, cores_per_rank: int):
+        """Import the backend's module and start it (hvd.init(), init_process_group, ...)."""
+        return getattr(importlib.import_module(self.module), self.cls)(cfg, cores_per_rank)
+
+
+def _horovod_only(option: str, backend: str) -> Refusal:
+    attr = option.removeprefix("--").replace("-", "_")
+    return Refusal(lambda cfg: bool(getattr(cfg, attr)) if attr != "cycle_time_ms" else cfg.cycle_time_ms is not None,
+                   f"{option} is a Horovod option, which --backend {backend} does not have (use --backend horovod)")
+
+
+# Both TF backends run hvdtrain.tf's loops, which do one allreduce per backward pass.
+_TF_COMMON = (
+    Refusal(lambda cfg: cfg.batches_per_allreduce != 1,
+            "--batches-per-allreduce > 1 is not supported by hvdtrain.tf yet (use hvdtrain.torch, or a "
+            "larger --batch-size)"),
+)
+
+BACKENDS: tuple[Backend, ...] = (
+    Backend("torch", "horovod", "hvdtrain.torch.backend_horovod", "HorovodBackend", "horovod-torch",
+            "Horovod: DistributedOptimizer, broadcast from rank 0"),
+    Backend("torch", "ddp", "hvdtrain.torch.backend_ddp", "DDPBackend", "ddp",
+            "torch DistributedDataParallel, for comparison",
+            refusals=(_horovod_only("--use-adasum", "ddp"), _horovod_only("--cycle-time-ms", "ddp"))),
+    Backend("tf", "horovod", "hvdtrain.tf.backend_horovod", "HorovodBackend", "horovod-tf",
+            "Horovod: DistributedGradientTape / DistributedOptimizer, broadcast from rank 0",
+            refusals=_TF_COMMON + (
+                Refusal(lambda cfg: cfg.use_adasum and cfg.fp16_allreduce,
+                        "--use-adasum with --fp16-allreduce is not supported by Horovod-TF"),),
+            compare_args=("--loop", "custom")),
+    Backend("tf", "mwms", "hvdtrain.tf.backend_mwms", "MWMSBackend", "tf-mwms",
+            "tf.distribute MultiWorkerMirroredStrategy, for comparison",
+            refusals=_TF_COMMON + (
+                Refusal(lambda cfg: cfg.loop != "custom",
+                        "--backend mwms runs the GradientTape loop only: use --loop custom"),
+                _horovod_only("--use-adasum", "mwms"), _horovod_only("--fp16-allreduce", "mwms"),
+                _horovod_only("--cycle-time-ms", "mwms")),
+            compare_args=("--loop", "custom")),
+)
+
+
+def names(framework: str) -> list[str]:
+    return [b.name for b in BACKENDS if b.framework == framework]
+
+
+def get(framework: str, name: str) -> Backend | None:
+    return next((b for b in BACKENDS if b.framework == framework and b.name == name), None)
+
+
+def by_label(label: str) -> Backend | None:
+    return next((b for b in BACKENDS if b.label == label), None)
+
+
+def problems(cfg) -> list[str]:
+    """What is wrong with cfg's backend choice: an unknown backend, or options it refuses."""
+    backend = get(cfg.framework, cfg.backend)
+    if backend is None:
+        return [f"unknown backend '{cfg.backend}'; valid: {', '.join(names(cfg.framework))}"]
+    return [r.message for r in backend.refusals if r.applies(cfg)]
+
+
+def start(cfg, cores_per_rank: int):
+    """Start the backend cfg names; cfg was checked by TrainConfig, so it exists."""
+    return get(cfg.framework, cfg.backend).start(cfg, cores_per_rank)

@@ -1,0 +1,23 @@
+"""TensorFlow device and variable helpers shared by the TF backends and loops."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def tf_variable(v) -> tf.Variable:
+    """The tf.Variable behind a Keras 3 variable (tf_keras' variables are tf.Variables already).
+    Horovod's broadcast_variables assigns inside a tf.function, where a Keras 3 variable would
+    arrive as a plain tensor."""
+    return v if isinstance(v, tf.Variable) else v.value
+
+
+def pin_gpu(local_rank: int) -> str:
+    """One GPU per rank (ranks of a node take GPUs 0..local_size-1); "cpu" where there is none.
+    Must run before TensorFlow initialises its devices."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "cpu"
+    gpu = gpus[local_rank % len(gpus)]
+    tf.config.set_visible_devices(gpu, "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)  # do not take the whole GPU up front
+    return gpu.name

@@ -1,0 +1,117 @@
+"""Horovod for the torch trainer: the product's backend (hvdtrain/backends.py lists them all).
+
+The optimizer does the communication (`hvd.DistributedOptimizer`, allreduce hooked into backward),
+rank 0's weights and optimizer state are broadcast at the start, and BatchNorm statistics are
+averaged before evaluation and checkpoints.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from hvdtrain import tuning
+from hvdtrain.errors import UsageError
+
+
+def import_horovod_torch():
+    try:
+        import horovod.torch as hvd
+    except ImportError as err:
+        if "has not been built" in str(err) or "mpi_lib" in str(err):
+            raise UsageError("Horovod is installed without its PyTorch ops (rebuild with "
+                             "HOROVOD_WITH_PYTORCH=1: bash scripts/setup.sh); import said: "
+                             f"{str(err).splitlines()[0]}") from None
+        raise UsageError(f"Horovod is not importable ({err}); run bash scripts/setup.sh") from None
+    if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
+        # horovod.torch imports without its compiled ops (it only prints a warning) and then
+        # lacks init(): say what is wrong instead of an AttributeError.
+        raise UsageError("Horovod is installed without its PyTorch ops (horovod/torch/mpi_lib_v2 is "
+                         "missing; rebuild with HOROVOD_WITH_PYTORCH=1: bash scripts/setup.sh)")
+    return hvd
+
+
+class HorovodBackend:
+    name = "horovod"
+
+    def __init__(self, cfg, cores_per_rank: int):
+        self.hvd = hvd = import_horovod_torch()
+        settings = tuning.horovod_settings(cfg.horovod_tuning, not torch.cuda.is_available(), cores_per_rank,
+                                           cfg.cycle_time_ms, cfg.mpi_yield)
+        # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
+        self.tuning = tuning.apply(settings)
+        hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
+        self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
+        self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
+
+    def wrap_model(self, model, device):
+        return model  # Horovod: the optimizer does the communication, the model stays as is.
+
+    def unwrap(self, model):
+        return model
+
+    def wrap_optimizer(self, optimizer, model, cfg):
+        hvd = self.hvd
+        # Horovod: average gradients over ranks, hooked into backward so that allreduce overlaps
+        # with the rest of the backward pass.
+        return hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(),
+            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            backward_passes_per_step=cfg.batches_per_allreduce,
+            op=hvd.Adasum if cfg.use_adasum else hvd.Average)
+
+    def no_sync(self, model, optimizer, last_micro_batch: bool):
+        # Horovod's optimizer counts backward passes itself (backward_passes_per_step).
+        return contextlib.nullcontext()
+
+    def step(self, optimizer, scaler):
+        if scaler is None:
+            optimizer.step()
+            return
+        # Horovod + AMP: finish the allreduce before unscaling, then step without a second sync.
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+
+    def broadcast_state(self, model, optimizer, optimizer_state: bool):
+        # Horovod: every rank starts from rank 0's optimizer state and weights.
+        if optimizer_state:
+            # Only after a resume, and before the weights: on ranks whose optimizer is still empty
+            # Horovod creates the state with a zero-gradient step, which weight decay turns into a
+            # small real update of those ranks' weights. Broadcasting the weights after it undoes that.
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def average_buffers(self, model):
+        """BatchNorm running statistics are per rank under Horovod, which reduces gradients only:
+        average them before evaluation and checkpoints."""
+        bufs = [(n, t) for n, t in model.named_buffers() if t.is_floating_point()]
+        if bufs:
+            averaged = self.hvd.grouped_allreduce([t for _, t in bufs], op=self.hvd.Average, name="buffers")
+            for (_, t), avg in zip(bufs, averaged):
+                t.copy_(avg)
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        tensor = torch.as_tensor(np.asarray(values, dtype=np.float64))
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=f"hvdtrain.{name}").numpy()
+
+    def broadcast_object(self, obj, name: str | None = None):
+        return self.hvd.broadcast_object(obj, root_rank=0, name=name)
+
+    def allgather_object(self, obj, name: str | None = None) -> list:
+        return self.hvd.allgather_object(obj, name=name)
+
+    def barrier(self):
+        self.hvd.barrier()
+
+    def describe(self) -> dict:
+        from hvdtrain.results import horovod_build_flags
+
+        return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd),
+                "horovod_tuning": self.tuning}
+
+    def shutdown(self):
+        self.hvd.shutdown()
