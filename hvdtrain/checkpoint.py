@@ -62,18 +62,24 @@ def prune(directory: str, keep: int) -> None:
         os.unlink(old)
 
 
-def incompatibilities(saved: dict, current: dict) -> list[str]:
-    """What differs between a checkpoint's config and this run's, in COMPATIBLE_KEYS."""
+def incompatibilities(saved: dict, current: dict, extra_keys: tuple[str, ...] = ()) -> list[str]:
+    """What differs between a checkpoint's config and this run's, in COMPATIBLE_KEYS (+ extra_keys)."""
     diffs = []
     if saved.get("format_version") != FORMAT_VERSION:
         diffs.append(f"format_version: checkpoint {saved.get('format_version')!r}, this hvdtrain {FORMAT_VERSION}")
-    for key in COMPATIBLE_KEYS:
+    for key in COMPATIBLE_KEYS + extra_keys:
         if saved.get(key) != current.get(key):
             diffs.append(f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}")
     return diffs
 
 
-def check_compatible(path: str, saved: dict, current: dict) -> None:
-    diffs = incompatibilities(saved, current)
+def check_compatible(path: str, saved: dict, current: dict, extra_keys: tuple[str, ...] = ()) -> None:
+    diffs = incompatibilities(saved, current, extra_keys)
     if diffs:
-        raise UsageError(f"checkpoint {path} does not match this run: " + "; ".join(diffs))
+        # The options that would make this run match it (a model's recipe may have changed its
+        # default optimizer since the checkpoint was written).
+        hint = [f"--{key.replace('_', '-')} {saved[key]}" for key in ("model", "dataset", "image_size", "optimizer", *extra_keys)
+                if saved.get(key) is not None and saved.get(key) != current.get(key)]
+        advice = f" (to resume it, pass {' '.join(hint)}; or use another --checkpoint-dir)" if hint else \
+            " (use another --checkpoint-dir)"
+        raise UsageError(f"checkpoint {path} does not match this run: " + "; ".join(diffs) + advice)

@@ -10,7 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from hvdtrain import backends
+from hvdtrain import backends, recipes
 from hvdtrain.errors import UsageError
 
 DATASETS = ("synthetic", "imagefolder", "digits")
@@ -29,12 +29,15 @@ class TrainConfig:
     batch_size: int = 32                 # per rank, per backward pass
     image_size: int = 224
     synthetic_size: int = 1024           # synthetic training samples (validation: a quarter)
-    base_lr: float = 0.0125              # for one rank; scaled by world size x batches per allreduce
-    warmup_epochs: float = 0.0
-    lr_schedule: str = "cosine"
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    weight_decay: float = 5e-5
+    # Set by the model's recipe (hvdtrain/recipes.py) unless given; these defaults are ImageNet's.
+    base_lr: float = recipes.IMAGENET.base_lr  # for one rank; scaled by world size x batches per allreduce
+    warmup_epochs: float = recipes.IMAGENET.warmup_epochs
+    lr_schedule: str = recipes.IMAGENET.lr_schedule
+    optimizer: str = recipes.IMAGENET.optimizer
+    momentum: float = recipes.IMAGENET.momentum
+    weight_decay: float = recipes.IMAGENET.weight_decay
+    recipe: str = recipes.IMAGENET.name
+    recipe_overrides: tuple[str, ...] = ()  # recipe options given explicitly
     fp16_allreduce: bool = False
     batches_per_allreduce: int = 1
     use_adasum: bool = False
@@ -120,10 +123,20 @@ class TrainConfig:
         return dataclasses.replace(self, world_size=world_size)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    # Options whose default comes from the model's recipe say so instead of "(default: None)".
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser(framework: str, models: list[str], prog: str) -> argparse.ArgumentParser:
     d = TrainConfig()
+    recipes_text = "; ".join(f"{m}: {r.name} ({', '.join(f'{k} {v}' for k, v in r.options().items())})"
+                             for m, r in recipes.MODEL_RECIPES.items())
     p = argparse.ArgumentParser(prog=prog, description=f"Horovod data-parallel training ({framework}).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter,
+                                epilog=f"Recipes, the defaults per model (hvdtrain/recipes.py): {recipes_text}.")
+    from_recipe = "(default: the model's recipe, below)"
     p.add_argument("--model", default="resnet50", help=f"one of: {', '.join(models)}")
     p.add_argument("--dataset", default=d.dataset, help=f"one of: {', '.join(DATASETS)}")
     p.add_argument("--data-dir", default=None, help="imagefolder root holding train/ and val/ class folders")
@@ -132,12 +145,13 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per rank per backward pass")
     p.add_argument("--image-size", type=int, default=d.image_size, help="synthetic/imagefolder image side")
     p.add_argument("--synthetic-size", type=int, default=d.synthetic_size, help="synthetic training samples")
-    p.add_argument("--base-lr", type=float, default=d.base_lr, help="LR for one rank; x world size x batches per allreduce")
-    p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear LR warm-up from base LR")
-    p.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES)
-    p.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS)
-    p.add_argument("--momentum", type=float, default=d.momentum)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--base-lr", type=float, default=None,
+                   help=f"LR for one rank; x world size x batches per allreduce {from_recipe}")
+    p.add_argument("--warmup-epochs", type=float, default=None, help=f"linear LR warm-up from base LR {from_recipe}")
+    p.add_argument("--lr-schedule", default=None, choices=LR_SCHEDULES, help=from_recipe)
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help=from_recipe)
+    p.add_argument("--momentum", type=float, default=None, help=f"SGD momentum {from_recipe}")
+    p.add_argument("--weight-decay", type=float, default=None, help=from_recipe)
     p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
     p.add_argument("--batches-per-allreduce", type=int, default=d.batches_per_allreduce,
                    help="backward passes accumulated locally per allreduce")
@@ -175,7 +189,11 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
 def config_from_args(framework: str, args: argparse.Namespace) -> TrainConfig:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
-    cfg = TrainConfig(framework=framework, **values)
+    # The model's recipe fills what the command line left out.
+    recipe = recipes.for_model(values.get("model", TrainConfig.model))
+    given = tuple(k for k in recipes.OPTIONS if values.get(k) is not None)
+    values.update({k: v for k, v in recipe.options().items() if k not in given})
+    cfg = TrainConfig(framework=framework, recipe=recipe.name, recipe_overrides=given, **values)
     if cfg.data_dir is not None:
         cfg = dataclasses.replace(cfg, data_dir=os.path.abspath(cfg.data_dir))
     return cfg

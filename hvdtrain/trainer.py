@@ -13,7 +13,7 @@ import abc
 import os
 import socket
 
-from hvdtrain import backends
+from hvdtrain import backends, recipes
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.collectives import Collectives
@@ -102,6 +102,7 @@ class EpochTrainer(abc.ABC):
         for rank, host, device, threads in placement:
             self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
         self.reporter.info(f"config: {cfg.to_dict()}")
+        self.reporter.info(f"recipe: {recipes.describe(cfg)}")
         self.reporter.info(f"backend: {self.backend.describe()}")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")

@@ -1,5 +1,6 @@
 """`python -m hvdtrain.compare` on this CPU: all four backends at 1 and 2 ranks, the three
 report files, and the parity checks (same losses within a pair, same accuracy for all)."""
+import importlib.metadata
 import json
 import subprocess
 
@@ -31,8 +32,15 @@ def test_compare_digits_all_backends(tmp_path):
             row = rows[(backend, np)]
             assert row["total_images_per_sec"] > 0 and row["weights_equal_across_ranks"], row
             assert row["val_acc"] >= 0.95, row
-        np2 = rows[(backend, 2)]
-        assert np2["scaling_efficiency"] == np2["total_images_per_sec"] / (2 * rows[(backend, 1)]["total_images_per_sec"])
+        # The table's figures are the trainers' own (each run's result file), and E(2) is in the
+        # table as reported (its arithmetic is checked with known numbers in test_compare_summary.py).
+        for np in (1, 2):
+            [m] = [m for m in report["measurements"] if m["backend"] == backend and m["np"] == np]
+            trainer = json.loads(open(m["result_json"]).read())
+            assert rows[(backend, np)]["total_images_per_sec"] == trainer["throughput"]["total_images_per_sec"]
+            assert len(trainer["ranks"]) == np
+        e2 = rows[(backend, 2)]["scaling_efficiency"]
+        assert 0 < e2 < 1.5 and f"| {backend} | 2 |" in table and f"{e2:.3f}" in table.split(f"| {backend} | 2 |")[1].split("\n")[0]
     # Parity: each pair's losses agree over the first steps; all four accuracies within 1 point.
     pairs = [c for c in report["parity"]["checks"] if "pair" in c]
     assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms")}
@@ -40,7 +48,7 @@ def test_compare_digits_all_backends(tmp_path):
     accs = [c for c in report["parity"]["checks"] if "accuracy" in c]
     assert len(accs) == 2 and all(c["ok"] and len(c["accuracy"]) == 4 for c in accs), accs
     # Every measurement records the environment it ran in.
-    assert report["versions"]["horovod"] == "0.28.1" and report["threads_per_rank"] == 1
+    assert report["versions"]["horovod"] == importlib.metadata.version("horovod") and report["threads_per_rank"] == 1
     assert all(m["threads"] == [1] * m["np"] for m in report["measurements"])
 
 

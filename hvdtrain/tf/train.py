@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
-from hvdtrain.errors import UsageError
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.tf.data import build_data
 from hvdtrain.tf.loops import make_loop, step_stats
@@ -100,12 +99,9 @@ class Trainer(EpochTrainer):
         with np.load(path, allow_pickle=False) as saved:
             meta = json.loads(str(saved["meta"]))
             current = self._checkpoint_config()
-            diffs = ckpt.incompatibilities({**meta["config"], "format_version": meta["format_version"]}, current)
-            if meta["config"].get("loop") != current["loop"]:
-                # fit (tf_keras legacy optimizer) and custom (Keras 3 optimizer) keep different slots.
-                diffs.append(f"loop: checkpoint {meta['config'].get('loop')!r}, this run {current['loop']!r}")
-            if diffs:
-                raise UsageError(f"checkpoint {path} does not match this run: " + "; ".join(diffs))
+            # fit (tf_keras legacy optimizer) and custom (Keras 3 optimizer) keep different slots.
+            ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current,
+                                  extra_keys=("loop",))
             for prefix, variables in (("model", self.model.weights),
                                       ("optimizer", self.loop.optimizer_variables())):
                 arrays = [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]

@@ -1,0 +1,38 @@
+"""hvdtrain.compare's arithmetic on known numbers (fast tier): medians over repeats, per-rank
+rate, scaling efficiency E(N) = img/s(N) / (N x img/s(1)), failed runs left out, parity checks."""
+import pytest
+
+from hvdtrain.compare import parity, summarize
+
+
+def run(backend, np, rate, acc=0.97, checksums=None, losses=(2.3, 2.0, 1.7)):
+    return {"backend": backend, "np": np, "total_images_per_sec": rate, "val_acc": acc,
+            "param_checksums": checksums or ["a"] * np, "loss_log": [[i + 1, x] for i, x in enumerate(losses)]}
+
+
+def test_summary_medians_and_efficiency():
+    measurements = [run("ddp", 1, 100.0), run("ddp", 1, 120.0), run("ddp", 1, 110.0),
+                    run("ddp", 2, 170.0), run("ddp", 2, 400.0), run("ddp", 2, 180.0),
+                    {"backend": "ddp", "np": 2, "error": "failed"}]
+    one, two = summarize(measurements, ["ddp"], [1, 2], with_accuracy=True)
+    assert (one["total_images_per_sec"], one["scaling_efficiency"], one["repeats"]) == (110.0, 1.0, 3)
+    assert two["total_images_per_sec"] == 180.0 and two["images_per_sec_per_rank"] == 90.0
+    assert two["scaling_efficiency"] == pytest.approx(0.818181, rel=1e-5)  # 180 / (2 x 110)
+    assert two["repeats"] == 3 and two["val_acc"] == 0.97 and two["weights_equal_across_ranks"]
+
+
+def test_summary_flags_ranks_with_different_weights_and_no_accuracy_for_throughput():
+    [row] = summarize([run("ddp", 2, 50.0, checksums=["a", "b"])], ["ddp"], [2], with_accuracy=False)
+    assert not row["weights_equal_across_ranks"] and row["val_acc"] is None
+    assert row["scaling_efficiency"] is None  # no 1-rank figure to compare with
+
+
+def test_parity_of_losses_and_accuracy():
+    same = [run("horovod-torch", 2, 1.0), run("ddp", 2, 1.0, losses=(2.3, 2.0, 1.7000004))]
+    report = parity(same, [2], steps=3, loss_tol=1e-5, acc_tol=0.01, check_accuracy=True)
+    assert report["ok"] and report["checks"][0]["steps_compared"] == 3
+    apart = [run("horovod-torch", 2, 1.0), run("ddp", 2, 1.0, acc=0.90, losses=(2.3, 2.1, 1.7))]
+    report = parity(apart, [2], steps=3, loss_tol=1e-5, acc_tol=0.01, check_accuracy=True)
+    loss_check, acc_check = report["checks"]
+    assert not report["ok"] and loss_check["max_abs_loss_diff"] == pytest.approx(0.1) and not loss_check["ok"]
+    assert acc_check["spread"] == pytest.approx(0.07) and not acc_check["ok"]
