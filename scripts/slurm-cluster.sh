@@ -6,6 +6,11 @@
 #   bash scripts/slurm-cluster.sh status
 #   bash scripts/slurm-cluster.sh stop
 #   eval "$(bash scripts/slurm-cluster.sh env)"   # SLURM_CONF for srun/sbatch/squeue in this shell
+#   bash scripts/slurm-cluster.sh config   # only write $HVDTRAIN_SLURM_DIR/slurm.conf
+# Other shapes (the tests' second clusters: nodes shaped like Jean Zay's, two nodes on one machine)
+# use the same configuration with these set: HVDTRAIN_SLURM_NODES (NodeName/PartitionName lines),
+# HVDTRAIN_SLURM_EXTRA (more lines), HVDTRAIN_SLURM_CLUSTER_NAME, HVDTRAIN_SLURMCTLD_ADDR and
+# HVDTRAIN_MUNGE_SOCKET (an already running munged: no key of its own is made).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,39 +22,46 @@ CPUS=$(nproc)
 MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 8 / 10 ))
 CTLD_PORT=${HVDTRAIN_SLURMCTLD_PORT:-6817}
 SLURMD_PORT=${HVDTRAIN_SLURMD_PORT:-6818}
+CLUSTER_NAME=${HVDTRAIN_SLURM_CLUSTER_NAME:-hvdtrain}
+CTLD_ADDR=${HVDTRAIN_SLURMCTLD_ADDR:-127.0.0.1}
+MUNGE_SOCKET=${HVDTRAIN_MUNGE_SOCKET:-$DIR/munge/munge.socket}
+NODES=${HVDTRAIN_SLURM_NODES:-"NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"}
+EXTRA=${HVDTRAIN_SLURM_EXTRA:-}
 export SLURM_CONF=$CONF
 
 say() { printf '[slurm-cluster] %s\n' "$*"; }
 die() { say "$*"; exit 1; }
 
 write_config() {
-    mkdir -p "$DIR"/{state,spool,log,run,munge,tmp}
+    mkdir -p "$DIR"/{state,log,run,munge,tmp}
     chmod 700 "$DIR/munge"
-    if [ ! -s "$DIR/munge/munge.key" ]; then
+    if [ -z "${HVDTRAIN_MUNGE_SOCKET:-}" ] && [ ! -s "$DIR/munge/munge.key" ]; then
         dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
         chmod 400 "$DIR/munge/munge.key"
     fi
     cat >"$CONF" <<CONF
-# Written by scripts/slurm-cluster.sh: a one-node cluster on $NODE.
-ClusterName=hvdtrain
-SlurmctldHost=$NODE(127.0.0.1)
+# Written by scripts/slurm-cluster.sh on $NODE.
+ClusterName=$CLUSTER_NAME
+SlurmctldHost=$NODE($CTLD_ADDR)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # cred_expire: a requeued job waits this long before it may start again (default 120 s).
-AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=30
 CredType=cred/munge
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+# Per node (%n): several slurmd of one cluster may run on this machine.
+SlurmdSpoolDir=$DIR/spool-%n
 # Per-cluster scratch (PMIx puts its per-step directories here): two local clusters both number
 # jobs from 1, and in a shared /tmp their steps' directories would collide.
 TmpFS=$DIR/tmp
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -66,8 +78,8 @@ MinJobAge=300
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+$EXTRA
+$NODES
 CONF
 }
 
@@ -83,7 +95,7 @@ start() {
                --seed-file="$DIR/munge/munge.seed" || die "munged failed to start: see $DIR/log/munged.log"
     fi
     pid_alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF" || die "slurmctld failed: see $DIR/log/slurmctld.log"
-    pid_alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF" || die "slurmd failed: see $DIR/log/slurmd.log"
+    pid_alive "$DIR/run/slurmd-$NODE.pid" || slurmd -f "$CONF" || die "slurmd failed: see $DIR/log/slurmd-$NODE.log"
     local state="" i
     for i in $(seq 1 60); do
         state=$(sinfo -h -n "$NODE" -o %T 2>/dev/null || true)
@@ -96,7 +108,7 @@ start() {
                       state=$(sinfo -h -n "$NODE" -o %T) ;;
     esac
     case "$state" in idle|mixed|allocated) ;; *)
-        die "node $NODE not ready (state '${state:-none}') after 60 s: see $DIR/log/slurmctld.log and slurmd.log" ;;
+        die "node $NODE not ready (state '${state:-none}') after 60 s: see $DIR/log/slurmctld.log and slurmd-$NODE.log" ;;
     esac
     say "node $NODE is $state; checking srun --mpi=pmix -n 2"
     local probe="hostname"
@@ -109,12 +121,12 @@ start() {
 
 stop() {
     local f
-    for f in slurmd slurmctld munged; do
+    for f in "slurmd-$NODE" slurmctld munged; do
         if pid_alive "$DIR/run/$f.pid"; then
             kill "$(cat "$DIR/run/$f.pid")" 2>/dev/null || true
         fi
     done
-    for f in slurmd slurmctld munged; do
+    for f in "slurmd-$NODE" slurmctld munged; do
         for _ in $(seq 1 20); do pid_alive "$DIR/run/$f.pid" || break; sleep 0.5; done
         rm -f "$DIR/run/$f.pid"
     done
@@ -123,7 +135,7 @@ stop() {
 
 status() {
     local f
-    for f in munged slurmctld slurmd; do
+    for f in munged slurmctld "slurmd-$NODE"; do
         if pid_alive "$DIR/run/$f.pid"; then say "$f running (pid $(cat "$DIR/run/$f.pid"))"; else say "$f not running"; fi
     done
     pid_alive "$DIR/run/slurmctld.pid" && sinfo
@@ -135,5 +147,6 @@ case "${1:-}" in
     restart) stop; start ;;
     status) status ;;
     env) echo "export SLURM_CONF=$CONF" ;;
-    *) echo "usage: $0 start|stop|restart|status|env"; exit 2 ;;
+    config) write_config; say "wrote $CONF" ;;
+    *) echo "usage: $0 start|stop|restart|status|env|config"; exit 2 ;;
 esac

@@ -131,9 +131,29 @@ def slurm_cluster():
         subprocess.run(["bash", script, "stop"], env=env, timeout=60)
         pytest.fail(f"local Slurm cluster did not start:\n{started.stdout}\n{started.stderr}")
     os.environ["SLURM_CONF"] = os.path.join(slurm_dir, "slurm.conf")
+    # Slurm's PMIx plugin makes `spmix_appdir_<uid>_<job>.<step>` under TmpFS for every step. Two
+    # local clusters on one machine (test sessions side by side) both number jobs from 1, and the
+    # second step of that name fails to launch ("File exists"). SLURM_PMIX_TMPDIR, passed from
+    # sbatch's and srun's environment to the steps, gives this session's steps a directory of their own.
+    os.environ["SLURM_PMIX_TMPDIR"] = tempfile.mkdtemp(prefix="pmix-", dir=slurm_dir)
     yield slurm_dir
     subprocess.run(["bash", script, "stop"], env=env, timeout=60)
     os.environ.pop("SLURM_CONF", None)
+    os.environ.pop("SLURM_PMIX_TMPDIR", None)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(slurm_cluster, tmp_path_factory):
+    """slurm/torch-cpu.sbatch submitted as is: 2 tasks on the local node, 3 epochs of mnist_cnn
+    (the reference of the requeue and two-node tests)."""
+    from slurm_helpers import CPU_TEMPLATE, submit, tail, wait_for_end
+
+    cwd = str(tmp_path_factory.mktemp("uninterrupted"))
+    job_id, log = submit(CPU_TEMPLATE, cwd)
+    info = wait_for_end(job_id, log, timeout=420)
+    if info["JobState"] != "COMPLETED":
+        pytest.fail(f"the CPU template's job ended {info['JobState']}:\n{tail(log)}")
+    return {"job_id": job_id, "log": log, "info": info, "cwd": cwd}
 
 
 # Fixtures that start real daemons or set-ups: a test that uses one is in the distributed tier.

@@ -14,20 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import tuning
-from hvdtrain.errors import UsageError
+from hvdtrain.horovod_ops import import_horovod
 from hvdtrain.tf.devices import pin_gpu, tf_variable
-
-
-def import_horovod_tf():
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError as err:
-        if "has not been built" in str(err) or "mpi_lib" in str(err):
-            raise UsageError("Horovod is installed without its TensorFlow ops (rebuild with "
-                             "HOROVOD_WITH_TENSORFLOW=1: bash scripts/setup.sh); import said: "
-                             f"{str(err).splitlines()[0]}") from None
-        raise UsageError(f"Horovod is not importable ({err}); run bash scripts/setup.sh") from None
-    return hvd
 
 
 class HorovodBackend:
@@ -37,12 +25,9 @@ class HorovodBackend:
     gradient_scale = 1.0
 
     def __init__(self, cfg, cores_per_rank: int):
-        self.hvd = hvd = import_horovod_tf()
+        self.hvd = hvd = import_horovod("horovod.tensorflow")
         settings = tuning.horovod_settings(cfg.horovod_tuning, not tf.config.list_physical_devices("GPU"),
                                            cores_per_rank, cfg.cycle_time_ms, cfg.mpi_yield)
-        if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
-            raise UsageError("Horovod is installed without its TensorFlow ops (horovod/tensorflow/mpi_lib is "
-                             "missing; rebuild with HOROVOD_WITH_TENSORFLOW=1: bash scripts/setup.sh)")
         # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
         self.tuning = tuning.apply(settings)
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.

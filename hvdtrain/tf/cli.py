@@ -8,31 +8,20 @@ Bad input is reported as one line naming the rank, with exit status 2, on every 
 """
 from __future__ import annotations
 
-import sys
-
-from hvdtrain.config import build_parser, config_from_args
-from hvdtrain.datasets import check_imagefolder
-from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain import cli
 from hvdtrain.tf.models import MODELS, check_model_name
 
 PROG = "hvdtrain.tf"
 
 
+def train(cfg) -> None:
+    from hvdtrain.tf import keras_compat
+
+    keras = keras_compat.select(cfg.loop)  # before anything imports tensorflow
+    from hvdtrain.tf.train import Trainer
+
+    Trainer(cfg, keras).train()
+
+
 def main(argv=None) -> None:
-    parser = build_parser("tf", list(MODELS), f"python -m {PROG}")
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args("tf", args)
-        # Checks that need no framework come first: they fail in a second, on every rank alike.
-        check_model_name(cfg.model)
-        if cfg.dataset == "imagefolder":
-            check_imagefolder(cfg.data_dir)
-        from hvdtrain.tf import keras_compat
-
-        keras = keras_compat.select(cfg.loop)  # before anything imports tensorflow
-        from hvdtrain.tf.train import Trainer
-
-        Trainer(cfg, keras).train()
-    except UsageError as err:
-        report_and_exit(err, PROG)
-    sys.stdout.flush()
+    cli.main("tf", MODELS, check_model_name, train, argv)

@@ -12,31 +12,14 @@ import numpy as np
 import torch
 
 from hvdtrain import tuning
-from hvdtrain.errors import UsageError
-
-
-def import_horovod_torch():
-    try:
-        import horovod.torch as hvd
-    except ImportError as err:
-        if "has not been built" in str(err) or "mpi_lib" in str(err):
-            raise UsageError("Horovod is installed without its PyTorch ops (rebuild with "
-                             "HOROVOD_WITH_PYTORCH=1: bash scripts/setup.sh); import said: "
-                             f"{str(err).splitlines()[0]}") from None
-        raise UsageError(f"Horovod is not importable ({err}); run bash scripts/setup.sh") from None
-    if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
-        # horovod.torch imports without its compiled ops (it only prints a warning) and then
-        # lacks init(): say what is wrong instead of an AttributeError.
-        raise UsageError("Horovod is installed without its PyTorch ops (horovod/torch/mpi_lib_v2 is "
-                         "missing; rebuild with HOROVOD_WITH_PYTORCH=1: bash scripts/setup.sh)")
-    return hvd
+from hvdtrain.horovod_ops import import_horovod
 
 
 class HorovodBackend:
     name = "horovod"
 
     def __init__(self, cfg, cores_per_rank: int):
-        self.hvd = hvd = import_horovod_torch()
+        self.hvd = hvd = import_horovod("horovod.torch")
         settings = tuning.horovod_settings(cfg.horovod_tuning, not torch.cuda.is_available(), cores_per_rank,
                                            cfg.cycle_time_ms, cfg.mpi_yield)
         # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 
 import torch
 import torch.nn.functional as F
 
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.config import TrainConfig, build_parser, config_from_args
-from hvdtrain.datasets import check_imagefolder
-from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain import cli
+from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.schedule import lr_factor
 from hvdtrain.torch import data
@@ -192,14 +191,4 @@ class Trainer(EpochTrainer):
 
 
 def main(argv=None) -> None:
-    parser = build_parser("torch", list(MODELS), f"python -m {PROG}")
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args("torch", args)
-        check_model_name(cfg.model)
-        if cfg.dataset == "imagefolder":
-            check_imagefolder(cfg.data_dir)
-        Trainer(cfg).train()
-    except UsageError as err:
-        report_and_exit(err, PROG)
-    sys.stdout.flush()
+    cli.main("torch", MODELS, check_model_name, lambda cfg: Trainer(cfg).train(), argv)

@@ -1,0 +1,26 @@
+"""The command line of both trainers: parse, build the config, run the checks that need no
+framework (they fail within a second, on every rank alike), then train; a usage error anywhere
+becomes one line naming the rank, with exit status 2 (hvdtrain/errors.py)."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+
+from hvdtrain.config import TrainConfig, build_parser, config_from_args
+from hvdtrain.datasets import check_imagefolder
+from hvdtrain.errors import UsageError, report_and_exit
+
+
+def main(framework: str, models: Iterable[str], check_model_name: Callable[[str], None],
+         train: Callable[[TrainConfig], None], argv: list[str] | None = None) -> None:
+    prog = f"hvdtrain.{framework}"
+    args = build_parser(framework, list(models), f"python -m {prog}").parse_args(argv)
+    try:
+        cfg = config_from_args(framework, args)
+        check_model_name(cfg.model)
+        if cfg.dataset == "imagefolder":
+            check_imagefolder(cfg.data_dir)
+        train(cfg)
+    except UsageError as err:
+        report_and_exit(err, prog)
+    sys.stdout.flush()

@@ -1,0 +1,31 @@
+"""Import Horovod's framework module (horovod.torch, horovod.tensorflow) or say in one line why it
+cannot be used: not installed, or built without that framework's ops (HOROVOD_WITH_PYTORCH /
+HOROVOD_WITH_TENSORFLOW was off, or the framework changed since the build)."""
+from __future__ import annotations
+
+import importlib
+
+from hvdtrain.errors import UsageError
+
+# module -> (the framework as users name it, the build flag, the compiled ops library)
+FRAMEWORKS = {
+    "horovod.torch": ("PyTorch", "HOROVOD_WITH_PYTORCH", "horovod/torch/mpi_lib_v2"),
+    "horovod.tensorflow": ("TensorFlow", "HOROVOD_WITH_TENSORFLOW", "horovod/tensorflow/mpi_lib"),
+}
+
+
+def import_horovod(module: str):
+    framework, flag, lib = FRAMEWORKS[module]
+    rebuild = f"rebuild with {flag}=1: bash scripts/setup.sh"
+    try:
+        hvd = importlib.import_module(module)
+    except ImportError as err:
+        if "has not been built" in str(err) or "mpi_lib" in str(err):
+            raise UsageError(f"Horovod is installed without its {framework} ops ({rebuild}); import said: "
+                             f"{str(err).splitlines()[0]}") from None
+        raise UsageError(f"Horovod is not importable ({err}); run bash scripts/setup.sh") from None
+    if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
+        # The module imports without its compiled ops (Horovod only prints a warning) and then
+        # lacks init(): say what is wrong instead of an AttributeError.
+        raise UsageError(f"Horovod is installed without its {framework} ops ({lib} is missing; {rebuild})")
+    return hvd

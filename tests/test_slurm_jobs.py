@@ -1,0 +1,130 @@
+"""Jobs on the session's local Slurm 22.05 cluster (one node, 2 CPUs, partition debug): the CPU
+templates train 2 ranks to COMPLETED; USR1 checkpoints, requeues and resumes to the same weights as
+the uninterrupted job (the `uninterrupted` fixture, in conftest.py); scancel checkpoints without a
+requeue; `--signal=USR1@T` reaches the tasks, not the batch shell; the doctor template job is
+READY. Every wait has a hard timeout; a job still running at a timeout is cancelled."""
+import glob
+import os
+import re
+import time
+
+from conftest import PYTHON, REPO
+from slurm_helpers import CPU_STEPS, CPU_TEMPLATE, job_info, result_of, run, submit, tail, wait_for_end, wait_until
+
+
+# ------------------------------------------------------------------------------ (b) a 2-task job
+def test_two_task_job_trains_to_completion(uninterrupted):
+    info, log = uninterrupted["info"], uninterrupted["log"]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", (info, tail(log))
+    result = result_of(uninterrupted["cwd"], uninterrupted["job_id"])
+    assert result["launcher"] == "slurm" and result["world_size"] == 2
+    assert result["global_step"] == CPU_STEPS and result["stopped_by"] is None
+    assert result["final"]["val_acc"] > 0.5, result["final"]
+    assert len({r["param_checksum"] for r in result["ranks"]}) == 1  # the ranks agree
+    checkpoints = glob.glob(os.path.join(uninterrupted["cwd"], "runs", "*", "checkpoints", "ckpt-*"))
+    assert max(map(os.path.basename, checkpoints)) == f"ckpt-e0003-s{CPU_STEPS:08d}.pt"
+
+
+def test_tf_cpu_template_trains_to_completion(slurm_cluster, tmp_path):
+    job_id, log = submit(os.path.join(REPO, "slurm", "tf-cpu.sbatch"), str(tmp_path))
+    info = wait_for_end(job_id, log, timeout=420)
+    assert info["JobState"] == "COMPLETED", tail(log)
+    result = result_of(str(tmp_path), job_id)
+    assert result["framework"] == "tf" and result["world_size"] == 2 and result["global_step"] == CPU_STEPS
+
+
+# ------------------------------------------------------------------------------ (c) USR1 -> requeue -> resume
+def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(uninterrupted, tmp_path):
+    """`scancel -s USR1 JOB` (no -b, no --full) signals every task of the job's steps and not the
+    batch shell: what `#SBATCH --signal=USR1@T` does at T seconds before the limit (see
+    test_signal_option_reaches_tasks_not_batch_shell). Slurm holds a requeued job for
+    cred_expire (120 s by default) before it may start again, hence the long timeout."""
+    cwd = str(tmp_path)
+    job_id, log = submit(CPU_TEMPLATE, cwd)
+    # "config:" is logged after every rank installed its handler (an allgather comes between).
+    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
+    run(["scancel", "--signal=USR1", job_id])
+    info = wait_for_end(job_id, log, timeout=600, restarts=1)
+    text = tail(log, 10**6)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
+    stopped = re.search(r"stopped by SIGUSR1 at step (\d+); checkpoint written", text)
+    assert stopped, f"the signal did not stop training (did it end first?):\n{text[-4000:]}"
+    assert f"job {job_id} requeued" in text, text[-4000:]
+    resumed = re.search(r"resumed from \S+ckpt-e\d+-s(\d+)\.pt at epoch \d+, step (\d+)", text)
+    assert resumed and resumed.group(1).lstrip("0") == stopped.group(1) == resumed.group(2), text[-4000:]
+    assert 0 < int(stopped.group(1)) < CPU_STEPS
+
+    result = result_of(cwd, job_id)
+    reference = result_of(uninterrupted["cwd"], uninterrupted["job_id"])
+    assert result["global_step"] == CPU_STEPS and result["stopped_by"] is None
+    assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
+    assert result["final"] == reference["final"]
+
+
+def test_scancel_checkpoints_and_does_not_requeue(slurm_cluster, tmp_path):
+    """`scancel JOB` sends SIGTERM: the ranks still checkpoint together, but the job stays
+    cancelled (a requeue here would undo the user's cancel)."""
+    cwd = str(tmp_path)
+    job_id, log = submit(CPU_TEMPLATE, cwd)
+    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
+    run(["scancel", job_id])
+    wait_for_end(job_id, log, timeout=120)
+    time.sleep(3)      # a requeue, were there one, would show by now
+    info = job_info(job_id)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, tail(log))
+    steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(
+        glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))[0])))]
+    assert steps and 0 < max(steps) < CPU_STEPS, (steps, tail(log))
+    assert "requeued" not in tail(log, 10**6)
+
+
+# ------------------------------------------------------------------------------ what --signal reaches
+_CATCHER = """\
+import os, signal, sys, time
+got = []
+for s in (signal.SIGUSR1, signal.SIGTERM):
+    signal.signal(s, lambda n, f: got.append(signal.Signals(n).name))
+print("task started", flush=True)
+deadline = time.time() + 100
+while not got and time.time() < deadline:
+    time.sleep(0.2)
+print("task got", got[0] if got else "nothing", flush=True)
+"""
+
+
+def test_signal_option_reaches_tasks_not_batch_shell(slurm_cluster, tmp_path):
+    """Slurm 22.05, `--signal=USR1@60` with a 2-minute limit: the srun task gets USR1 and the
+    batch shell does not; with `B:USR1@60` only the batch shell does. The templates use the
+    former, so every rank hears it without the script forwarding anything."""
+    catcher = tmp_path / "catcher.py"
+    catcher.write_text(_CATCHER)
+    body = ("#!/bin/bash\n"
+            f"srun -n 1 {PYTHON} {catcher} & step=$!\n"
+            # `wait` returns early for a trapped signal, so the shell can stop the step at once.
+            "trap 'echo \"batch shell got USR1\"; kill $step' USR1\n"
+            "wait $step || wait $step\n")
+    script = tmp_path / "sig.sbatch"
+    script.write_text(body)
+    jobs = {}
+    for signal_spec in ("USR1@60", "B:USR1@60"):
+        jobs[signal_spec] = submit(str(script), str(tmp_path), "-n", "1", "--time=2", f"--signal={signal_spec}",
+                                   f"--job-name=sig-{signal_spec.replace(':', '').replace('@', '-')}",
+                                   "--output=%x-%j.out")
+    for signal_spec, (job_id, log) in jobs.items():
+        wait_for_end(job_id, log, timeout=240)
+        text = tail(log)
+        if signal_spec == "USR1@60":
+            assert "task got SIGUSR1" in text and "batch shell got USR1" not in text, text
+        else:
+            assert "batch shell got USR1" in text and "task got SIGUSR1" not in text, text
+
+
+# ------------------------------------------------------------------------------ the doctor as a job
+def test_doctor_template_job_is_ready(slurm_cluster, tmp_path):
+    """slurm/doctor-cpu.sbatch submitted as is: 2 tasks check the stack and the job COMPLETES."""
+    job_id, log = submit(os.path.join(REPO, "slurm", "doctor-cpu.sbatch"), str(tmp_path))
+    info = wait_for_end(job_id, log, timeout=240)
+    text = tail(log)
+    assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
+    assert "hvdtrain doctor: 2 rank(s) via slurm" in text, text
+    assert "hvdtrain.doctor: READY: 2 rank(s) on 1 host(s)" in text, text
