@@ -17,6 +17,44 @@ FORMAT_VERSION = 1
 # Config fields that must match to resume: they change the shape or meaning of saved state.
 COMPATIBLE_KEYS = ("framework", "model", "dataset", "image_size", "optimizer", "num_classes")
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.(pt|npz)$")
+TMP_PREFIX = ".tmp-"  # atomic_write's temporary files; a crash mid-write can leave one
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: set it back at once
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Temporary files a crash left in `directory` (rank 0 at start-up, before it writes any)."""
+    stale = glob.glob(os.path.join(directory, TMP_PREFIX + "*")) if directory and os.path.isdir(directory) else []
+    for path in stale:
+        os.unlink(path)
+    return stale
+
+
+def check_writable(checkpoint_dir: str | None, log_dir: str | None, result_json: str | None) -> str | None:
+    """Rank 0, before the first step: every output can be written (directories made, a file
+    written and removed in each). The problem, in one line, or None."""
+    dirs = [("--checkpoint-dir", checkpoint_dir), ("--log-dir", log_dir)]
+    if result_json:
+        if os.path.isdir(result_json):
+            return f"--result-json {result_json} is a directory; give a file name"
+        dirs.append(("--result-json", os.path.dirname(os.path.abspath(result_json))))
+    for option, directory in dirs:
+        if not directory:
+            continue
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            return f"{option} {directory} is a file, not a directory"
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=TMP_PREFIX + "probe-", dir=directory)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            return f"{option} {directory} is not writable ({err.strerror or err})"
+    return None
 
 
 def checkpoint_name(global_step: int, epoch: int, ext: str) -> str:
@@ -44,12 +82,15 @@ def atomic_write(path: str, write) -> None:
     """Call write(fileobj) on a temporary file beside `path`, fsync, then rename onto `path`."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp makes 0600 files: give the file an ordinary file's mode under the user's umask,
+        # so that a project group can read checkpoints and results.
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -83,3 +124,36 @@ def check_compatible(path: str, saved: dict, current: dict, extra_keys: tuple[st
         advice = f" (to resume it, pass {' '.join(hint)}; or use another --checkpoint-dir)" if hint else \
             " (use another --checkpoint-dir)"
         raise UsageError(f"checkpoint {path} does not match this run: " + "; ".join(diffs) + advice)
+
+
+# What a resume may change only with --allow-resize: the global batch, hence the LR and the data
+# position (a step of the checkpoint is not a step of this run).
+RESIZE_KEYS = ("world_size", "batch_size", "batches_per_allreduce")
+
+
+def resize_changes(saved: dict, cfg) -> list[str]:
+    return [f"{key.replace('_', ' ')} {saved.get(key)} -> {getattr(cfg, key)}" for key in RESIZE_KEYS
+            if saved.get(key) is not None and saved.get(key) != getattr(cfg, key)]
+
+
+def refuse_resize(path: str, changes: list[str]) -> UsageError:
+    return UsageError(f"checkpoint {path} was written with another global batch ({'; '.join(changes)}): resuming "
+                      "as is would run at another LR from another data position; --allow-resize resumes it with "
+                      "the LR of this run and the position recomputed from the samples seen (or use another "
+                      "--checkpoint-dir)")
+
+
+def rescale_position(position: tuple, saved: dict, cfg, steps_per_epoch: int) -> tuple[tuple, str]:
+    """The position of this run that has seen as many samples of the checkpoint's epoch (rounded
+    down: a few samples are seen again, none skipped), and what changed, in words."""
+    epoch, step_in_epoch, global_step, history = position
+    old_batch = saved["batch_size"] * saved["batches_per_allreduce"] * saved["world_size"]
+    seen = step_in_epoch * old_batch
+    new_step_in_epoch = min(seen // cfg.global_batch_size, steps_per_epoch)
+    new_global_step = epoch * steps_per_epoch + new_step_in_epoch
+    note = (f"resumed with another global batch: {saved['world_size']} rank(s) x {saved['batch_size']} x "
+            f"{saved['batches_per_allreduce']} = {old_batch} at LR {saved.get('lr')} -> {cfg.world_size} x "
+            f"{cfg.batch_size} x {cfg.batches_per_allreduce} = {cfg.global_batch_size} at LR {cfg.lr:g}; "
+            f"{seen} samples of epoch {epoch + 1} seen: step {step_in_epoch} (global {global_step}) -> step "
+            f"{new_step_in_epoch} (global {new_global_step})")
+    return (epoch, new_step_in_epoch, new_global_step, history), note

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,8 @@ class TrainConfig:
     horovod_tuning: str = "auto"         # auto | off: see hvdtrain/tuning.py
     cycle_time_ms: float | None = None   # HOROVOD_CYCLE_TIME override
     mpi_yield: str = "auto"              # auto | on | off: OMPI_MCA_mpi_yield_when_idle
+    watchdog_seconds: float | None = None  # no step for this long ends the job; None: auto; 0: off
+    allow_resize: bool = False           # resume a checkpoint written with another global batch
     world_size: int = 1                  # filled in by the trainer once the launcher is known
 
     @property
@@ -88,6 +91,22 @@ class TrainConfig:
             problems.append(f"--num-workers must be >= 0 (got {self.num_workers})")
         if self.resume and not self.checkpoint_dir:
             problems.append("--resume needs --checkpoint-dir")
+        # Numbers that would otherwise fail deep inside torch/numpy, or train on silently.
+        for option, value, low, low_ok in (("--base-lr", self.base_lr, 0.0, False), ("--momentum", self.momentum, 0.0, True),
+                                           ("--weight-decay", self.weight_decay, 0.0, True),
+                                           ("--warmup-epochs", self.warmup_epochs, 0.0, True)):
+            if not math.isfinite(value) or value < low or (value == low and not low_ok):
+                problems.append(f"{option} must be a finite number {'>=' if low_ok else '>'} {low:g} (got {value:g})")
+        if self.cycle_time_ms is not None and not (math.isfinite(self.cycle_time_ms) and self.cycle_time_ms > 0):
+            problems.append(f"--cycle-time-ms must be a finite number > 0 (got {self.cycle_time_ms:g})")
+        if self.synthetic_size < 1:
+            problems.append(f"--synthetic-size must be >= 1 (got {self.synthetic_size})")
+        if self.keep_checkpoints < 1:
+            problems.append(f"--keep-checkpoints must be >= 1 (got {self.keep_checkpoints})")
+        if self.warmup_steps < 0:
+            problems.append(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")
+        if self.watchdog_seconds is not None and not (math.isfinite(self.watchdog_seconds) and self.watchdog_seconds >= 0):
+            problems.append(f"--watchdog-seconds must be >= 0 (0: off; got {self.watchdog_seconds:g})")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             problems.append(f"--threads-per-rank must be >= 1 (got {self.threads_per_rank})")
         problems += backends.problems(self)  # unknown backend, or options it cannot honour
@@ -170,6 +189,12 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--validation", default=d.validation, choices=("auto", "on", "off"),
                    help="a validation pass after each epoch (auto: yes, except on synthetic data, whose "
                         "random labels make validation loss and accuracy meaningless)")
+    p.add_argument("--watchdog-seconds", type=float, default=None,
+                   help="end the job when a rank completes no step for this long (default: 20 x the slowest "
+                        "step seen, at least 300 s; 0: off); see hvdtrain/watchdog.py")
+    p.add_argument("--allow-resize", action="store_true",
+                   help="resume a checkpoint written with another world size, --batch-size or "
+                        "--batches-per-allreduce: LR rescaled and the position recomputed from the samples seen")
     p.add_argument("--horovod-tuning", default=d.horovod_tuning, choices=("auto", "off"),
                    help="auto: set Horovod/Open MPI knobs from the cores per rank (docs/horovod-overhead.md)")
     p.add_argument("--cycle-time-ms", type=float, default=None,

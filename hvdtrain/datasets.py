@@ -90,6 +90,18 @@ def check_imagefolder(data_dir: str | None) -> list[str]:
     return classes
 
 
+class BadSample(UsageError):
+    """A sample that cannot be read (corrupt, truncated, not an image). Raised in a DataLoader
+    worker, it reaches the main process rebuilt from the worker's formatted traceback
+    (`type(err)(text)`): keep only its own last line, so the user sees one line."""
+
+    def __init__(self, message: str):
+        lines = [line for line in str(message).strip().splitlines() if line.strip()]
+        if len(lines) > 1:
+            message = lines[-1].split(": ", 1)[-1]
+        super().__init__(message)
+
+
 def exact_shard(n: int, rank: int, world_size: int) -> range:
     """Indices of rank's share of n samples: each sample on exactly one rank, no padding."""
     return range(rank, n, world_size)

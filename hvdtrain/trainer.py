@@ -10,6 +10,8 @@ the collectives of `hvdtrain.collectives.Collectives`.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import math
 import os
 import socket
 
@@ -24,6 +26,12 @@ from hvdtrain.meter import StepMeter
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.watchdog import Watchdog
+
+
+# Options a rank may have of its own: local resources, and outputs only rank 0 writes.
+RANK_LOCAL_OPTIONS = {"threads_per_rank", "num_workers", "data_dir", "checkpoint_dir", "log_dir", "result_json",
+                      "recipe_overrides", "world_size"}
 
 
 class EpochTrainer(abc.ABC):
@@ -35,17 +43,41 @@ class EpochTrainer(abc.ABC):
         # its own rendezvous later, which must not change what this run reports as its launcher.
         self.env = ClusterEnv.from_environ()
         self.threads = threads_per_rank(cfg.threads_per_rank, self.env.local_world_size)
+        # Armed before the backend starts: a rank missing at hvd.init() is a hang too.
+        self.watchdog = Watchdog(cfg.watchdog_seconds, self.prog, self.env.rank, self.env.world_size)
         self._set_threads(self.threads)
         self.backend: Collectives = backends.start(cfg, self.threads)  # hvd.init(), init_process_group, ...
         self.cfg = cfg.with_world_size(self.backend.world_size)
         self.rank, self.world_size = self.backend.rank, self.backend.world_size
         self.is_rank0 = self.rank == 0
+        self._check_ranks_agree()
         self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
+        self._check_outputs()
         self.stop = StopRequest()
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
+        self.resized: str | None = None  # how a resume with --allow-resize changed the position
         self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
                                self.cfg.log_interval, self.cfg.warmup_steps,
                                self.cfg.batch_size * self.cfg.batches_per_allreduce)
+
+    def _check_ranks_agree(self) -> None:
+        """Every rank's options, gathered before any training collective. Ranks given different
+        options (an MPMD launch, a per-rank wrapper script) would otherwise hang in mismatched
+        collectives or, worse, train to different weights and exit 0."""
+        mine = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in RANK_LOCAL_OPTIONS}
+        every = self.backend.allgather_object(mine, "options_agree")
+        problems = []
+        for key in mine:
+            ranks_by_value: dict[str, list[int]] = {}
+            for rank, options in enumerate(every):
+                ranks_by_value.setdefault(repr(options.get(key)), []).append(rank)
+            if len(ranks_by_value) > 1:
+                problems.append(f"--{key.replace('_', '-')}: " + ", ".join(
+                    f"{value} on rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
+                    for value, ranks in ranks_by_value.items()))
+        if problems:
+            raise UsageError("the ranks were started with different options (every rank needs the same): "
+                             + "; ".join(problems))
 
     # ------------------------------------------------------------------ hooks
     @abc.abstractmethod
@@ -81,7 +113,17 @@ class EpochTrainer(abc.ABC):
         position and let the meter count it. True: every rank stops now."""
         self.global_step += 1
         self.step_in_epoch += 1
-        return self.meter.after_step(self.global_step, stats)
+        self.watchdog.beat(self.global_step)
+        stop = self.meter.after_step(self.global_step, stats)
+        loss = self.meter.loss_log[-1][1] if self.meter.loss_log else 0.0
+        if self.meter.loss_log and self.meter.loss_log[-1][0] == self.global_step and not math.isfinite(loss):
+            # The reduced loss: every rank sees the same value and stops here together. No
+            # checkpoint: its weights would be non-finite too, and it would become the newest.
+            newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
+            raise UsageError(f"the training loss is {loss} at step {self.global_step}: training diverged (a lower "
+                             f"--base-lr?); stopped without writing a checkpoint; the newest checkpoint is "
+                             f"{newest or 'none'}")
+        return stop
 
     def _epoch_steps(self) -> int:
         """Steps left in this epoch, within --steps."""
@@ -106,6 +148,8 @@ class EpochTrainer(abc.ABC):
         self.reporter.info(f"backend: {self.backend.describe()}")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+            if self.resized:
+                self.reporter.info(self.resized)
         if not cfg.validates:
             why = ("synthetic data has random labels: validation loss and accuracy would mean nothing"
                    if cfg.dataset == "synthetic" else "--validation off")
@@ -129,17 +173,25 @@ class EpochTrainer(abc.ABC):
 
     def _restore_on_rank0(self, load) -> tuple[str | None, object]:
         """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with `load(path)`, which returns
-        ((epoch, step_in_epoch, global_step, history), state). Every rank learns the outcome and
-        the position, and all fail together with the reason: an error on rank 0 alone would leave
-        the others waiting in their next collective. Returns (the checkpoint's path or None, the
-        state `load` returned, on rank 0 only: what the framework restores after wrapping)."""
-        status = {"error": None, "path": None, "position": None}
+        (the checkpoint's config, (epoch, step_in_epoch, global_step, history), state). Every rank
+        learns the outcome and the position, and all fail together with the reason: an error on
+        rank 0 alone would leave the others waiting in their next collective. A checkpoint of
+        another global batch is refused unless --allow-resize, which recomputes the position
+        (self.resized says how). Returns (the checkpoint's path or None, the state `load` returned,
+        on rank 0 only: what the framework restores after wrapping)."""
+        status = {"error": None, "path": None, "position": None, "resized": None}
         state = None
         if self.is_rank0 and self.cfg.checkpoint_dir:
             path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
             if path is not None:
                 try:
-                    position, state = load(path)
+                    saved_config, position, state = load(path)
+                    changes = ckpt.resize_changes(saved_config, self.cfg)
+                    if changes and not self.cfg.allow_resize:
+                        raise ckpt.refuse_resize(path, changes)
+                    if changes:
+                        position, status["resized"] = ckpt.rescale_position(position, saved_config, self.cfg,
+                                                                             self.steps_per_epoch)
                     status.update(path=path, position=position)
                 except UsageError as err:
                     status["error"] = str(err)
@@ -150,7 +202,41 @@ class EpochTrainer(abc.ABC):
             raise UsageError(status["error"])
         if status["position"] is not None:
             self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
+        self.resized = status["resized"]
         return status["path"], state
+
+    def _check_outputs(self) -> None:
+        """Before the first step, not after an epoch of work: rank 0 finds out whether every output
+        can be written, removes temporary files a crash left, and every rank learns the answer."""
+        error = None
+        if self.is_rank0:
+            error = ckpt.check_writable(self.cfg.checkpoint_dir, self.cfg.log_dir, self.cfg.result_json)
+            if not error and self.cfg.checkpoint_dir:
+                for path in ckpt.remove_stale_temporaries(self.cfg.checkpoint_dir):
+                    self.reporter.info(f"removed {path}, left by an interrupted checkpoint write")
+        error = self.backend.broadcast_object(error, "outputs_writable")
+        if error:
+            raise UsageError(error)
+
+    def _checkpoint(self) -> None:
+        """Rank 0 writes a checkpoint; every rank learns whether it could, so that a failed write
+        (disk full, quota) ends every rank with its line instead of a hang or a traceback."""
+        if not self.cfg.checkpoint_dir:
+            return
+        self.watchdog.beat(where="writing a checkpoint")
+        error = None
+        if self.is_rank0:
+            try:
+                self._save_checkpoint()
+            except Exception as err:  # noqa: BLE001 - reported to every rank, by path
+                newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                error = (f"could not write a checkpoint in {self.cfg.checkpoint_dir} ({reason}); the newest "
+                         f"checkpoint is still {newest or 'none'}")
+        error = self.backend.broadcast_object(error, "checkpoint_written")
+        self.watchdog.beat(where="after writing a checkpoint")
+        if error:
+            raise UsageError(error)
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -163,7 +249,7 @@ class EpochTrainer(abc.ABC):
                 # too soon for a validation pass (the resumed run validates when it ends the epoch).
                 if epoch_done:
                     self.epoch, self.step_in_epoch = self.epoch + 1, 0
-                self._save_checkpoint()
+                self._checkpoint()
                 break
             val_metrics = self._validate() if cfg.validates else {}
             record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
@@ -179,7 +265,7 @@ class EpochTrainer(abc.ABC):
                                                          "val/acc": val_metrics["val_acc"]})
             if epoch_done:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            self._save_checkpoint()
+            self._checkpoint()
         return self._finish(stopped_by)
 
     def _finish(self, stopped_by: str | None) -> dict:
@@ -206,7 +292,7 @@ class EpochTrainer(abc.ABC):
             if all(r["images_per_sec"] for r in per_rank) else None,
             "final": self.history[-1] if self.history else None, "history": self.history,
             "loss_log": m.loss_log, "global_step": self.global_step, "epoch": self.epoch,
-            "stopped_by": stopped_by, "requeue": requeue,
+            "stopped_by": stopped_by, "requeue": requeue, "resized": self.resized,
             "versions": library_versions(), "environment": environment_fingerprint(),
         }
         if cfg.result_json and self.is_rank0:
@@ -221,4 +307,5 @@ class EpochTrainer(abc.ABC):
         self.reporter.close()
         b.barrier()
         b.shutdown()
+        self.watchdog.stop()
         return result

@@ -167,3 +167,44 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     # Tests that need the Slurm cluster run together, so it is started once.
     items.sort(key=lambda item: "slurm_cluster" in getattr(item, "fixturenames", ()))
+
+
+def rank_pids(unique: str, rank: int) -> list[int]:
+    """The pids of Open MPI rank `rank` among the python processes whose command line holds
+    `unique` (a path only this test uses)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"python") and unique.encode() in argv \
+                and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            pids.append(int(pid))
+    return pids
+
+
+def start_launch(launcher: str, np: int, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    """A launch that runs in the background (its own process group), for tests that act on the
+    ranks while they train; finish it with `finish_launch`."""
+    return subprocess.Popen(launcher_prefix(launcher, np) + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env or base_env(), cwd=REPO, start_new_session=True)
+
+
+def finish_launch(proc: subprocess.Popen, timeout: float) -> tuple[Launch, float]:
+    """(the launch's result, seconds it took from now to end); at the timeout the whole process
+    group is killed (SIGCONT first: a stopped rank holds its SIGTERM) and the test fails."""
+    import time
+
+    started = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job did not end within {timeout:.0f} s (a rank hung?)\nlast output:\n{out[-6000:]}")
+    return Launch(proc.returncode, out, proc.args), time.monotonic() - started

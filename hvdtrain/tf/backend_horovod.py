@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hvdtrain import tuning
 from hvdtrain.horovod_ops import import_horovod
+from hvdtrain.watchdog import horovod_stall_settings
 from hvdtrain.tf.devices import pin_gpu, tf_variable
 
 
@@ -30,6 +31,7 @@ class HorovodBackend:
                                            cores_per_rank, cfg.cycle_time_ms, cfg.mpi_yield)
         # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
         self.tuning = tuning.apply(settings)
+        self.tuning.update(tuning.apply(horovod_stall_settings(cfg.watchdog_seconds)))
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()

@@ -93,7 +93,8 @@ class Trainer(EpochTrainer):
 
     def _load(self, path: str):
         """Rank 0: weights and optimizer slots from an .npz checkpoint, assigned now; returns its
-        position (and no state: everything is in the variables already)."""
+        config and position (and no state: everything is in the variables already; the LR is a
+        function of the step and this run's config)."""
         if not zipfile.is_zipfile(path):
             raise ValueError("not an .npz archive")
         with np.load(path, allow_pickle=False) as saved:
@@ -111,7 +112,7 @@ class Trainer(EpochTrainer):
                     if tuple(var.shape) != value.shape:
                         raise ValueError(f"{prefix} variable {var.name}: shape {tuple(var.shape)} != saved {value.shape}")
                     var.assign(value)
-        return (meta["epoch"], meta["step_in_epoch"], meta["global_step"], meta["history"]), None
+        return meta["config"], (meta["epoch"], meta["step_in_epoch"], meta["global_step"], meta["history"]), None
 
     # ------------------------------------------------------------------ the loop
     def _param_arrays(self):
@@ -137,6 +138,7 @@ class Trainer(EpochTrainer):
         self.backend.average_variables(self.model.non_trainable_weights)  # one set of BatchNorm statistics
         sums = np.zeros(3)
         for x, y in self.data.val(self.rank, self.world_size, self.cfg.batch_size):
+            self.watchdog.beat(where="validating")
             sums += self._eval_step(x, y).numpy()
         total = self.backend.allreduce_sum(sums, "val_sums")
         count = int(total[2])

@@ -16,14 +16,12 @@ from hvdtrain.errors import UsageError
 
 
 def ddp_rendezvous(env: ClusterEnv) -> tuple[str, int]:
-    """Master address and port for DDP without torchrun: the first host of the allocation, and a
-    port derived from the SLURM job id (step id too) or, under mpirun, picked free by rank 0 and
-    shared over MPI. Never a fixed constant: two jobs on one node must not collide."""
+    """Master address and port for DDP without torchrun: rank 0's host, and a
+    port picked free by rank 0 and shared over MPI (srun and mpirun alike). Never a fixed constant
+    or one derived from the job id: two jobs on one node must not collide, and a port some other
+    program holds must not end the job ("srun: Force Terminated")."""
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if env.launcher == "slurm" and env.job_id:
-        step = int(os.environ.get("SLURM_STEP_ID", "0") or 0)
-        return env.master_addr, 20000 + (int(env.job_id) * 16 + step) % 20000
     if env.launcher == "horovodrun":
         raise UsageError("--backend ddp under horovodrun needs MASTER_ADDR and MASTER_PORT exported "
                          "(or launch with mpirun, srun or torchrun)")

@@ -13,6 +13,7 @@ import torch
 
 from hvdtrain import tuning
 from hvdtrain.horovod_ops import import_horovod
+from hvdtrain.watchdog import horovod_stall_settings
 
 
 class HorovodBackend:
@@ -24,6 +25,7 @@ class HorovodBackend:
                                            cfg.cycle_time_ms, cfg.mpi_yield)
         # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
         self.tuning = tuning.apply(settings)
+        self.tuning.update(tuning.apply(horovod_stall_settings(cfg.watchdog_seconds)))
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()

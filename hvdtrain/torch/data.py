@@ -3,6 +3,7 @@ samplers, which take rank and world size as plain numbers."""
 from __future__ import annotations
 
 import itertools
+import signal
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
@@ -38,6 +39,17 @@ class SkipSampler(Sampler):
         return max(0, len(self.sampler) - self.skip)
 
 
+def load_image(path: str):
+    """torchvision's default loader, with a corrupt file reported by path."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except (OSError, SyntaxError, ValueError) as err:  # PIL raises these for bad or truncated files
+        raise datasets.BadSample(f"cannot read image {path} ({type(err).__name__}: {err})") from None
+
+
 def build_datasets(cfg):
     """(train, val, in_channels, num_classes, image_size) for cfg.dataset."""
     if cfg.dataset == "digits":
@@ -51,8 +63,8 @@ def build_datasets(cfg):
         norm = T.Normalize(datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
         train_tf = T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
         val_tf = T.Compose([T.Resize(int(cfg.image_size * 1.14)), T.CenterCrop(cfg.image_size), T.ToTensor(), norm])
-        train = tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf)
-        val = tv_datasets.ImageFolder(f"{cfg.data_dir}/val", transform=val_tf)
+        train = tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf, loader=load_image)
+        val = tv_datasets.ImageFolder(f"{cfg.data_dir}/val", transform=val_tf, loader=load_image)
         return train, val, 3, len(classes), cfg.image_size
     return (ArrayDataset(split.x_train, split.y_train), ArrayDataset(split.x_val, split.y_val),
             split.in_channels, split.num_classes, split.image_size)
@@ -64,15 +76,30 @@ def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batc
                                  seed=cfg.seed, drop_last=True)
     sampler.set_epoch(epoch)
     batch = cfg.batch_size * cfg.batches_per_allreduce
-    return DataLoader(dataset, batch_size=batch, sampler=SkipSampler(sampler, skip_batches * batch),
-                      drop_last=True, num_workers=_workers(dataset, cfg), pin_memory=torch.cuda.is_available())
+    return _loader(dataset, cfg, batch_size=batch, sampler=SkipSampler(sampler, skip_batches * batch),
+                   drop_last=True, pin_memory=torch.cuda.is_available())
 
 
 def val_loader(dataset, cfg, rank: int, world_size: int):
     # Not a DistributedSampler: it pads with duplicates so that shards are equal. Here every
     # validation sample is seen exactly once; metrics are reduced as (sum, count).
     shard = Subset(dataset, datasets.exact_shard(len(dataset), rank, world_size))
-    return DataLoader(shard, batch_size=cfg.batch_size, shuffle=False, num_workers=_workers(dataset, cfg))
+    return _loader(shard, cfg, batch_size=cfg.batch_size, shuffle=False)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader worker start-up. Slurm signals every process of a step (scancel: SIGTERM; the
+    time-limit warning --signal=USR1@T: SIGUSR1), workers included; a worker killed by one takes
+    the main process down with it before it can checkpoint. The main process handles them
+    (hvdtrain/runtime.py) and ends the workers itself."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _loader(dataset, cfg, **kwargs) -> DataLoader:
+    workers = _workers(dataset, cfg)
+    return DataLoader(dataset, num_workers=workers, worker_init_fn=ignore_stop_signals if workers else None,
+                      **kwargs)
 
 
 def _workers(dataset, cfg) -> int:

@@ -73,7 +73,14 @@ class Trainer(EpochTrainer):
         self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
         if saved is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
-            self.scheduler.load_state_dict(saved["scheduler"])
+            # Not the checkpoint's scheduler: it (and the optimizer's initial_lr) carries the LR
+            # of the run that wrote it, which another --base-lr or global batch (--allow-resize)
+            # would silently keep. The LR is a function of the step and this run's config.
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = cfg.lr
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lr_factor(cfg, self.steps_per_epoch, self.schedule_steps),
+                last_epoch=self.global_step - 1)
             if self.scaler is not None and saved.get("scaler"):
                 self.scaler.load_state_dict(saved["scaler"])
         b.broadcast_state(model, self.optimizer, optimizer_state=resumed_from is not None)
@@ -88,7 +95,7 @@ class Trainer(EpochTrainer):
         torch.set_num_threads(threads)
 
     def _current_lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        return self.optimizer.param_groups[0]["lr"]  # what the optimizer steps with, not the scheduler's view
 
     # ------------------------------------------------------------------ set-up helpers
     def _pick_device(self, local_rank: int) -> torch.device:
@@ -111,7 +118,7 @@ class Trainer(EpochTrainer):
         model.load_state_dict(state["model"])
         # A trial load: the optimizer state must fit now, while a failure still reaches every rank.
         make_optimizer(self.cfg, model.parameters()).load_state_dict(state["optimizer"])
-        return (state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]), state
+        return state["config"], (state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]), state
 
     # ------------------------------------------------------------------ the loop
     def _param_arrays(self):
@@ -158,6 +165,7 @@ class Trainer(EpochTrainer):
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         for x, y in data.val_loader(self.val_ds, self.cfg, self.rank, self.world_size):
+            self.watchdog.beat(where="validating")
             x, y = x.to(self.device), y.to(self.device)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,108 @@
+"""Guards against silent failure that need no ranks (fast tier): option values, output checks,
+checkpoint permissions and stale temporaries, the resize arithmetic, the watchdog's limit, and
+the one-line report of a corrupt sample."""
+import math
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.config import TrainConfig
+from hvdtrain.datasets import BadSample
+from hvdtrain.errors import UsageError
+from hvdtrain.watchdog import FLOOR_SECONDS, Watchdog, horovod_stall_settings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(base_lr=math.nan), "--base-lr must be a finite number > 0 (got nan)"),
+    (dict(base_lr=math.inf), "--base-lr must be a finite number > 0 (got inf)"),
+    (dict(base_lr=-0.1), "--base-lr must be a finite number > 0 (got -0.1)"),
+    (dict(momentum=-1.0), "--momentum must be a finite number >= 0 (got -1)"),
+    (dict(weight_decay=-1e-4), "--weight-decay must be a finite number >= 0 (got -0.0001)"),
+    (dict(warmup_epochs=-1.0), "--warmup-epochs must be a finite number >= 0 (got -1)"),
+    (dict(synthetic_size=-5), "--synthetic-size must be >= 1 (got -5)"),
+    (dict(keep_checkpoints=-1), "--keep-checkpoints must be >= 1 (got -1)"),
+    (dict(cycle_time_ms=-2.0), "--cycle-time-ms must be a finite number > 0 (got -2)"),
+    (dict(watchdog_seconds=-1.0), "--watchdog-seconds must be >= 0 (0: off; got -1)"),
+])
+def test_bad_option_values_are_refused(options, message):
+    with pytest.raises(UsageError) as err:
+        TrainConfig(**options)
+    assert message in str(err.value)
+
+
+def test_bad_option_value_is_one_line_with_exit_2():
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([sys.executable, "-m", "hvdtrain.torch", "--base-lr", "nan"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        "hvdtrain.torch: error [rank 0/1]: --base-lr must be a finite number > 0 (got nan)"], run.stderr
+
+
+def test_outputs_checked(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    assert ckpt.check_writable(str(tmp_path / "new" / "ckpt"), str(tmp_path / "tb"), str(tmp_path / "r.json")) is None
+    assert os.path.isdir(tmp_path / "new" / "ckpt") and os.listdir(tmp_path / "new" / "ckpt") == []
+    assert ckpt.check_writable(str(a_file), None, None) == f"--checkpoint-dir {a_file} is a file, not a directory"
+    assert ckpt.check_writable(None, None, str(tmp_path)) == f"--result-json {tmp_path} is a directory; give a file name"
+    assert ckpt.check_writable(None, str(a_file / "sub"), None).startswith(f"--log-dir {a_file / 'sub'} is not writable (")
+
+
+def test_checkpoints_get_the_umask_mode_and_stale_temporaries_go(tmp_path):
+    old = os.umask(0o027)
+    try:
+        path = tmp_path / "ckpt-e0001-s00000010.pt"
+        ckpt.atomic_write(str(path), lambda f: f.write(b"x"))
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o640  # not mkstemp's 0600
+    finally:
+        os.umask(old)
+    (tmp_path / ".tmp-abc123").write_bytes(b"half a checkpoint")
+    assert ckpt.remove_stale_temporaries(str(tmp_path)) == [str(tmp_path / ".tmp-abc123")]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-e0001-s00000010.pt"]
+
+
+def test_resize_is_named_and_the_position_follows_the_samples_seen():
+    saved = {"world_size": 2, "batch_size": 32, "batches_per_allreduce": 1, "lr": 0.01}
+    now = TrainConfig(base_lr=0.005, world_size=1, batch_size=48)
+    assert ckpt.resize_changes(saved, now) == ["world size 2 -> 1", "batch size 32 -> 48"]
+    assert ckpt.resize_changes(saved, TrainConfig(world_size=2, batch_size=32)) == []
+    # Epoch 3 (index 2), 10 steps of 64 = 640 samples seen; 48 a step now: 13 steps (624), none skipped.
+    (epoch, step, global_step, _), note = ckpt.rescale_position((2, 10, 52, []), saved, now, steps_per_epoch=29)
+    assert (epoch, step, global_step) == (2, 13, 2 * 29 + 13)
+    assert "640 samples of epoch 3 seen: step 10 (global 52) -> step 13 (global 71)" in note
+
+
+def test_watchdog_limit():
+    dog = Watchdog(0, "p", 0, 1)  # off: no thread; the limit arithmetic still answers
+    assert not dog.enabled and dog._thread is None
+    dog.fixed = None
+    assert dog.limit() == FLOOR_SECONDS
+    dog.beat(1)
+    dog.last_beat -= 30.0     # a 30 s step
+    dog.beat(2)
+    assert dog.slowest_step >= 30.0 and dog.limit() >= 600.0
+    dog.beat(where="validating")
+    dog.last_beat -= 1000.0   # validation is not a step: not timed as one
+    dog.beat(3)
+    assert dog.slowest_step < 100.0
+    fixed = Watchdog(0, "p", 0, 1)
+    fixed.fixed = 20.0
+    assert fixed.limit() == FLOOR_SECONDS   # until the first step: start-up may be slow
+    fixed.beat(1)
+    assert fixed.limit() == 20.0
+    assert horovod_stall_settings(None) == {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "900"}
+    assert horovod_stall_settings(3600.0) == {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "7200"}
+
+
+def test_bad_sample_from_a_worker_keeps_its_own_line():
+    worker_text = ("Caught BadSample in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+                   '  File "x.py", line 1, in f\nhvdtrain.datasets.BadSample: cannot read image /d/a.png '
+                   "(UnidentifiedImageError: cannot identify image file)\n")
+    assert str(BadSample(worker_text)) == "cannot read image /d/a.png (UnidentifiedImageError: cannot identify image file)"
+    assert str(BadSample("cannot read image /d/b.png")) == "cannot read image /d/b.png"

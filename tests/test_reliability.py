@@ -1,0 +1,188 @@
+"""No silent hang, no silent wrong training (real ranks under mpirun, each launch with a hard
+timeout far below the hang it guards against): the watchdog ends a job with a frozen or blocked
+rank, ranks given different options fail at start-up, a diverging run stops without a
+checkpoint, a resume with another global batch is refused or done right, unwritable outputs fail
+before the first step, a full disk at save ends every rank with one line."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, finish_launch, launch,
+                      launch_each_rank_to_its_end, launcher_prefix, rank_pids, start_launch)
+from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
+
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
+TORCH = [PYTHON, "-m", "hvdtrain.torch"]
+TF = [PYTHON, "-m", "hvdtrain.tf"]
+DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--threads-per-rank", "1"]
+WATCHDOG = 15  # seconds: the limit these tests set
+
+
+def wait_for(what: str, ready, timeout: float, proc) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before {what}:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"{what} not seen within {timeout:.0f} s")
+
+
+def finite_weights(path: str) -> bool:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+@pytest.mark.parametrize("trainer", ["torch", "tf"])
+def test_watchdog_ends_the_job_when_a_rank_is_frozen(tmp_path, trainer):
+    """SIGSTOP of rank 1 after its first checkpoint (a stuck driver, an NFS stall): rank 0 waits
+    in a collective; its watchdog prints one line and the job ends, checkpoints untouched."""
+    ckpt_dir = tmp_path / "ckpt"
+    argv = (TORCH if trainer == "torch" else TF) + DIGITS + [
+        "--epochs", "200", "--checkpoint-dir", str(ckpt_dir), "--watchdog-seconds", str(WATCHDOG)]
+    proc = start_launch("mpirun", 2, argv)
+    try:
+        wait_for("the first checkpoint", lambda: list_checkpoints(str(ckpt_dir)), 240, proc)
+        [pid] = rank_pids(str(ckpt_dir), 1)
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        newest = latest_checkpoint(str(ckpt_dir))
+        run, _ = finish_launch(proc, timeout=WATCHDOG + 90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - stopped_at
+    assert run.returncode != 0
+    prog = f"hvdtrain.{trainer}"
+    assert f"{prog}: error [rank 0/2]: no progress for" in run.output, run.output[-4000:]
+    assert "limit 15 s: --watchdog-seconds" in run.output and "Traceback" not in run.output, run.output[-4000:]
+    assert took < WATCHDOG + 60, f"the job took {took:.0f} s to end"
+    # The newest checkpoint is still the last good one (no partial write at the stop).
+    assert latest_checkpoint(str(ckpt_dir)) >= newest and not glob.glob(str(ckpt_dir / ".tmp-*"))
+    print(f"{trainer}: rank 1 frozen; the job ended {took:.0f} s later")
+
+
+def test_watchdog_ends_the_job_when_a_rank_blocks_reading_data(tmp_path):
+    """A validation image that is a FIFO nobody writes: the rank whose shard holds it blocks in
+    open() (as on a stalled file system), the other waits for it in the allreduce."""
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    root = tmp_path / "data"
+    write_digits_imagefolder(str(root))
+    os.mkfifo(root / "val" / "0" / "000-stalled.png")
+    argv = TORCH + ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", str(root), "--image-size", "8",
+                    "--epochs", "2", "--batch-size", "8", "--num-workers", "0", "--threads-per-rank", "1",
+                    "--watchdog-seconds", str(WATCHDOG)]
+    started = time.monotonic()
+    run = launch("mpirun", 2, argv, timeout=WATCHDOG + 150, check=False)
+    took = time.monotonic() - started
+    assert run.returncode != 0
+    assert "error [rank" in run.output and "]: no progress for" in run.output, run.output[-4000:]
+    assert "validating" in run.output, run.output[-4000:]
+    print(f"a rank blocked in open(): the job ended after {took:.0f} s in all")
+
+
+@pytest.mark.parametrize("option, values", [("--batch-size", ("16", "32")), ("--base-lr", ("0.01", "0.005"))])
+def test_ranks_with_different_options_fail_at_start(option, values):
+    rank0 = TORCH + DIGITS + [option, values[0]]
+    rank1 = TORCH + DIGITS + [option, values[1]]
+    cmd = launcher_prefix("mpirun", 1) + rank0 + [":", "-np", "1", *rank1]
+    run = launch("single", 1, cmd, timeout=120, check=False)  # "single": cmd is the whole command
+    message = f"the ranks were started with different options (every rank needs the same): {option}: " \
+              f"{float(values[0]) if option == '--base-lr' else values[0]} on rank 0, " \
+              f"{float(values[1]) if option == '--base-lr' else values[1]} on rank 1"
+    assert_job_failed_with(run, message, 2)
+    assert "epoch 1/" not in run.output, "failed before training"
+
+
+def test_diverging_run_stops_without_writing_a_checkpoint(tmp_path):
+    ckpt_dir = str(tmp_path / "ckpt")
+    sgd = DIGITS + ["--optimizer", "sgd", "--checkpoint-dir", ckpt_dir]
+    launch("mpirun", 2, TORCH + sgd + ["--epochs", "1"], timeout=180)
+    [good] = list_checkpoints(ckpt_dir)
+    run = launch("mpirun", 2, TORCH + sgd + ["--epochs", "3", "--base-lr", "1e6"], timeout=180, check=False)
+    lines = assert_job_failed_with(run, "training diverged (a lower --base-lr?); stopped without writing a "
+                                        f"checkpoint; the newest checkpoint is {good}", 2)
+    assert "the training loss is nan at step" in lines[0]["message"], lines[0].group(0)
+    assert list_checkpoints(ckpt_dir) == [good] and finite_weights(good)
+
+
+def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
+    ckpt_dir = str(tmp_path / "ckpt")
+    common = DIGITS + ["--checkpoint-dir", ckpt_dir, "--lr-schedule", "constant", "--epochs", "1"]
+    launch("mpirun", 2, TORCH + common + ["--steps", "10"], timeout=180)  # 10 steps of 2 x 32
+    refused = launch_each_rank_to_its_end(1, TORCH + common, timeout=120)
+    assert_each_rank_failed_with(refused, "hvdtrain.torch", f"checkpoint {latest_checkpoint(ckpt_dir)} was written "
+                                 "with another global batch (world size 2 -> 1): resuming as is would run at another LR", 1)
+    assert "--allow-resize resumes it" in refused.output
+    result_path, tb = tmp_path / "resized.json", tmp_path / "tb"
+    launch("mpirun", 1, TORCH + common + ["--allow-resize", "--result-json", str(result_path), "--log-dir", str(tb),
+                                          "--log-interval", "1"], timeout=180)
+    result = json.loads(result_path.read_text())
+    # 640 samples of the epoch seen = 20 steps of 1 x 32; LR 0.005 x 1 rank (the checkpoint's was x 2).
+    assert "640 samples of epoch 1 seen: step 10 (global 10) -> step 20 (global 20)" in result["resized"]
+    assert result["config"]["lr"] == pytest.approx(0.005) and result["loss_log"][0][0] == 21
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lrs = [e.value for e in EventAccumulator(str(tb)).Reload().Scalars("train/lr")]
+    assert lrs and all(lr == pytest.approx(0.005) for lr in lrs), lrs  # what the optimizer stepped with
+
+
+@pytest.mark.parametrize("what", ["checkpoint-dir-is-a-file", "log-dir-is-a-file", "result-json-is-a-directory"])
+def test_unwritable_output_fails_before_training_on_every_rank(tmp_path, what):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    option, message = {
+        "checkpoint-dir-is-a-file": (["--checkpoint-dir", str(a_file)], f"--checkpoint-dir {a_file} is a file, not a directory"),
+        "log-dir-is-a-file": (["--log-dir", str(a_file)], f"--log-dir {a_file} is a file, not a directory"),
+        "result-json-is-a-directory": (["--result-json", str(tmp_path)], f"--result-json {tmp_path} is a directory"),
+    }[what]
+    run = launch_each_rank_to_its_end(2, TORCH + DIGITS + option, timeout=120)
+    assert_each_rank_failed_with(run, "hvdtrain.torch", message, 2)
+    assert "epoch 1/" not in run.output, "failed before the first step"
+
+
+def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp_path):
+    probe = str(tmp_path / "probe")
+    launch("mpirun", 2, TORCH + DIGITS + ["--epochs", "1", "--checkpoint-dir", probe], timeout=180)
+    size = os.path.getsize(latest_checkpoint(probe))
+    full = tmp_path / "small-fs"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.6)}", "tmpfs", str(full)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        run = launch_each_rank_to_its_end(2, TORCH + DIGITS + ["--epochs", "3", "--checkpoint-dir", str(full)],
+                                          timeout=180)
+        [first] = list_checkpoints(str(full))
+        assert_each_rank_failed_with(run, "hvdtrain.torch", f"could not write a checkpoint in {full} (", 2)
+        assert f"the newest checkpoint is still {first}" in run.output, run.output[-3000:]
+        assert os.listdir(full) == [os.path.basename(first)], "no temporary file left behind"
+        assert finite_weights(first)
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
+
+
+def test_corrupt_image_is_named_in_one_line(tmp_path):
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    root = tmp_path / "data"
+    write_digits_imagefolder(str(root))
+    bad = root / "train" / "3" / "000-corrupt.png"
+    bad.write_bytes(b"not a png at all")
+    run = launch("mpirun", 2, TORCH + ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", str(root),
+                                       "--image-size", "8", "--epochs", "2", "--batch-size", "8", "--num-workers", "2",
+                                       "--threads-per-rank", "1"], timeout=180, check=False)
+    assert_job_failed_with(run, f"cannot read image {bad} (", 2)
