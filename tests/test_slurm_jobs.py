@@ -8,8 +8,11 @@ import os
 import re
 import time
 
+import pytest
+
 from conftest import PYTHON, REPO
-from slurm_helpers import CPU_STEPS, CPU_TEMPLATE, job_info, result_of, run, submit, tail, wait_for_end, wait_until
+from slurm_helpers import (CPU_STEPS, CPU_TEMPLATE, generator, job_info, result_of, run, submit, tail, wait_for_end,
+                           wait_until)
 
 
 # ------------------------------------------------------------------------------ (b) a 2-task job
@@ -128,3 +131,53 @@ def test_doctor_template_job_is_ready(slurm_cluster, tmp_path):
     assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
     assert "hvdtrain doctor: 2 rank(s) via slurm" in text, text
     assert "hvdtrain.doctor: READY: 2 rank(s) on 1 host(s)" in text, text
+
+
+# ------------------------------------------------------------------------------ stop signals with DataLoader workers
+@pytest.fixture(scope="module")
+def imagefolder_job(slurm_cluster, tmp_path_factory):
+    """An sbatch script training on an imagefolder with 2 DataLoader workers per rank (the
+    ImageNet case), and its uninterrupted run as the reference."""
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    d = tmp_path_factory.mktemp("imagefolder-job")
+    write_digits_imagefolder(str(d / "data"))
+    script = str(d / "job.sbatch")
+    assert generator("--cpu-only", "--nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "15",
+                     "--signal-lead", "120", "-o", script, "--", "--model", "mnist_cnn", "--dataset", "imagefolder",
+                     "--data-dir", str(d / "data"), "--image-size", "32", "--epochs", "12", "--batch-size", "8",
+                     "--num-workers", "2", "--log-interval", "4").returncode == 0
+    cwd = str(d / "reference")
+    os.makedirs(cwd)
+    job_id, log = submit(script, cwd)
+    info = wait_for_end(job_id, log, timeout=420)
+    assert info["JobState"] == "COMPLETED", tail(log)
+    return {"script": script, "reference": result_of(cwd, job_id)}
+
+
+@pytest.mark.parametrize("how", ["usr1", "scancel"])
+def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_path, how):
+    """Slurm signals every process of the step, DataLoader workers included: the workers ignore
+    it, the ranks stop together and checkpoint; after USR1 the job requeues and ends with the
+    reference's weights, after scancel (SIGTERM) it stays cancelled with its checkpoint."""
+    cwd = str(tmp_path)
+    job_id, log = submit(imagefolder_job["script"], cwd)
+    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
+    run(["scancel", "--signal=USR1", job_id] if how == "usr1" else ["scancel", job_id])
+    info = wait_for_end(job_id, log, timeout=600 if how == "usr1" else 120, restarts=1 if how == "usr1" else 0)
+    text = tail(log, 10**6)
+    stopped = re.search(r"stopped by (SIGUSR1|SIGTERM) at step (\d+); checkpoint written", text)
+    assert stopped, f"no checkpoint at the stop (did it end first?):\n{text[-4000:]}"
+    assert "DataLoader worker" not in text and "Traceback" not in text, text[-4000:]
+    if how == "usr1":
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
+        result, reference = result_of(cwd, job_id), imagefolder_job["reference"]
+        assert result["global_step"] == reference["global_step"]
+        assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
+    else:
+        time.sleep(3)  # a requeue, were there one, would show by now
+        info = job_info(job_id)
+        assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, text[-4000:])
+        [ckpt_dir] = glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))
+        steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(ckpt_dir)))]
+        assert int(stopped.group(2)) in steps, (steps, text[-4000:])

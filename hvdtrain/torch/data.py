@@ -25,6 +25,22 @@ class ArrayDataset(Dataset):
         return self.x[i % len(self.x)], self.y[i]
 
 
+class SeededSamples(Dataset):
+    """Random augmentation as a function of (seed, epoch, sample index), not of which DataLoader
+    worker draws the sample or when: a run resumed in the middle of an epoch augments every
+    remaining sample as an uninterrupted run would, so both end with the same weights."""
+
+    def __init__(self, dataset, seed: int):
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        torch.manual_seed((self.seed * 1_000_003 + self.epoch * 1_000_000_007 + i) % (2**63))
+        return self.dataset[i]
+
+
 class SkipSampler(Sampler):
     """The first `skip` indices of `sampler` dropped: resuming in the middle of an epoch sees
     exactly the samples an uninterrupted run would have seen next."""
@@ -63,7 +79,8 @@ def build_datasets(cfg):
         norm = T.Normalize(datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
         train_tf = T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
         val_tf = T.Compose([T.Resize(int(cfg.image_size * 1.14)), T.CenterCrop(cfg.image_size), T.ToTensor(), norm])
-        train = tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf, loader=load_image)
+        train = SeededSamples(tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf, loader=load_image),
+                              cfg.seed)
         val = tv_datasets.ImageFolder(f"{cfg.data_dir}/val", transform=val_tf, loader=load_image)
         return train, val, 3, len(classes), cfg.image_size
     return (ArrayDataset(split.x_train, split.y_train), ArrayDataset(split.x_val, split.y_val),
@@ -75,6 +92,8 @@ def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batc
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     sampler.set_epoch(epoch)
+    if isinstance(dataset, SeededSamples):
+        dataset.epoch = epoch  # workers get a copy of the dataset when the epoch's iterator starts
     batch = cfg.batch_size * cfg.batches_per_allreduce
     return _loader(dataset, cfg, batch_size=batch, sampler=SkipSampler(sampler, skip_batches * batch),
                    drop_last=True, pin_memory=torch.cuda.is_available())
