@@ -29,7 +29,7 @@ import time
 
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.runtime import threads_per_rank
-from hvdtrain import tuning
+from hvdtrain import netsockets, tuning
 
 PROG = "hvdtrain.doctor"
 # Variables mpirun sets for its own bookkeeping: not settings anyone chose.
@@ -256,6 +256,9 @@ def run(args) -> int:
     settings = tuning.horovod_settings("auto", on_cpu_guess, threads)
     already = {k: os.environ[k] for k in settings if k in os.environ}
     applied = tuning.apply(settings)
+    loopback = netsockets.loopback_settings(env)  # all ranks on this host: loopback only
+    already.update({k: os.environ[k] for k in loopback if k in os.environ})
+    applied.update(tuning.apply(loopback))
 
     stage(f"hvd.init ({fw})")
     hvd.init()
@@ -299,6 +302,7 @@ def run(args) -> int:
             "launcher": env.launcher, "launcher_view": (env.rank, env.world_size, env.local_rank),
             "gpus": gpus, "sched_gpus": sched, "cores": cores, "threads": threads, "reduce_ok": reduce_ok,
             "bcast_ok": bcast_ok, "bandwidth": bandwidth, "problems": problems, "versions": versions,
+            "listening": netsockets.listening(),
             "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("HOROVOD_", "OMPI_MCA_", "NCCL_"))
                     and not k.startswith(LAUNCHER_INTERNAL)}}
     reports = backend.allgather_object(mine)
@@ -372,6 +376,11 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
     exported = reports[0]["env"]
     if exported:
         out("", "in the environment: " + ", ".join(f"{k}={val}" for k, val in exported.items()))
+    for r in sorted(reports, key=lambda r: r["rank"]):
+        outside = netsockets.exposed(r["listening"])
+        out("sockets" if r["rank"] == 0 else "",
+            f"rank {r['rank']} listens on: {', '.join(r['listening']) or 'nothing'}"
+            + (f" ({len(outside)} reachable from other hosts)" if outside else ""))
     ok = sum(r["reduce_ok"] and r["bcast_ok"] for r in reports)
     out("check", f"allreduce (sum, average) and broadcast correct on {ok}/{size} rank(s)")
     for i, (nbytes, _) in enumerate(reports[0]["bandwidth"]):

@@ -15,7 +15,7 @@ import math
 import os
 import socket
 
-from hvdtrain import backends, recipes
+from hvdtrain import backends, recipes, tuning
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.collectives import Collectives
@@ -23,6 +23,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.meter import StepMeter
+from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
@@ -46,6 +47,8 @@ class EpochTrainer(abc.ABC):
         # Armed before the backend starts: a rank missing at hvd.init() is a hang too.
         self.watchdog = Watchdog(cfg.watchdog_seconds, self.prog, self.env.rank, self.env.world_size)
         self._set_threads(self.threads)
+        # All ranks on this host: MPI and Gloo stay off the network (before MPI_Init; yours win).
+        self.network = tuning.apply(loopback_settings(self.env))
         self.backend: Collectives = backends.start(cfg, self.threads)  # hvd.init(), init_process_group, ...
         self.cfg = cfg.with_world_size(self.backend.world_size)
         self.rank, self.world_size = self.backend.rank, self.backend.world_size
@@ -146,6 +149,8 @@ class EpochTrainer(abc.ABC):
         self.reporter.info(f"config: {cfg.to_dict()}")
         self.reporter.info(f"recipe: {recipes.describe(cfg)}")
         self.reporter.info(f"backend: {self.backend.describe()}")
+        if self.network:
+            self.reporter.info(f"every rank on this host: {self.network} (no listener beyond loopback)")
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
             if self.resized:
@@ -292,7 +297,7 @@ class EpochTrainer(abc.ABC):
             if all(r["images_per_sec"] for r in per_rank) else None,
             "final": self.history[-1] if self.history else None, "history": self.history,
             "loss_log": m.loss_log, "global_step": self.global_step, "epoch": self.epoch,
-            "stopped_by": stopped_by, "requeue": requeue, "resized": self.resized,
+            "stopped_by": stopped_by, "requeue": requeue, "resized": self.resized, "network": self.network,
             "versions": library_versions(), "environment": environment_fingerprint(),
         }
         if cfg.result_json and self.is_rank0:

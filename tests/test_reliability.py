@@ -9,13 +9,14 @@ import glob
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
 import torch
 
-from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, finish_launch, launch,
+from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, finish_launch, launch,
                       launch_each_rank_to_its_end, launcher_prefix, rank_pids, start_launch)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
@@ -186,3 +187,33 @@ def test_corrupt_image_is_named_in_one_line(tmp_path):
                                        "--image-size", "8", "--epochs", "2", "--batch-size", "8", "--num-workers", "2",
                                        "--threads-per-rank", "1"], timeout=180, check=False)
     assert_job_failed_with(run, f"cannot read image {bad} (", 2)
+
+
+def test_ranks_on_one_host_listen_on_loopback_only(tmp_path):
+    """Under mpirun on one machine Open MPI's TCP transport listened on 0.0.0.0 and [::] in every
+    rank: hvdtrain keeps them off the network (shared memory between ranks of one host), and
+    the doctor says what listens where; a user's own OMPI_MCA_btl wins."""
+    from hvdtrain.netsockets import exposed, listening
+
+    ckpt_dir = tmp_path / "ckpt"
+    proc = start_launch("mpirun", 2, TORCH + DIGITS + ["--epochs", "200", "--checkpoint-dir", str(ckpt_dir)])
+    try:
+        wait_for("the first checkpoint", lambda: list_checkpoints(str(ckpt_dir)), 240, proc)
+        pids = {rank: rank_pids(str(ckpt_dir), rank) for rank in (0, 1)}
+        assert all(len(p) == 1 for p in pids.values()), pids
+        sockets = {rank: listening(pid) for rank, [pid] in pids.items()}
+        # The same probe sees a listener of this test's own (it can fail).
+        with socket.socket() as probe:
+            probe.bind(("0.0.0.0", 0))
+            probe.listen()
+            assert exposed(listening(os.getpid())), "listening() sees nothing"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not exposed(sockets[0] + sockets[1]), sockets
+    doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor"], timeout=180)
+    assert "rank 0 listens on: nothing" in doctor.output and "rank 1 listens on: nothing" in doctor.output
+    env = base_env()
+    env["OMPI_MCA_btl"] = "self,vader,tcp"
+    doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor"], timeout=180, env=env)
+    assert "reachable from other hosts" in doctor.output and "(yours, kept:" in doctor.output, doctor.output[-3000:]

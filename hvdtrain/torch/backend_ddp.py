@@ -13,6 +13,7 @@ import torch
 
 from hvdtrain.cluster import ClusterEnv, free_port
 from hvdtrain.errors import UsageError
+from hvdtrain.netsockets import single_host
 
 
 def ddp_rendezvous(env: ClusterEnv) -> tuple[str, int]:
@@ -29,7 +30,8 @@ def ddp_rendezvous(env: ClusterEnv) -> tuple[str, int]:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-        addr_port = comm.bcast((socket.gethostname(), free_port()) if comm.rank == 0 else None, root=0)
+        host = "127.0.0.1" if single_host(env) else socket.gethostname()  # all ranks here: loopback
+        addr_port = comm.bcast((host, free_port()) if comm.rank == 0 else None, root=0)
         return addr_port
     return "127.0.0.1", free_port()
 
