@@ -119,6 +119,17 @@ def test_diverging_run_stops_without_writing_a_checkpoint(tmp_path):
     assert list_checkpoints(ckpt_dir) == [good] and finite_weights(good)
 
 
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_tf_diverging_run_stops_without_writing_a_checkpoint(tmp_path, loop):
+    ckpt_dir = str(tmp_path / "ckpt")
+    run = launch("mpirun", 2, TF + DIGITS + ["--optimizer", "sgd", "--base-lr", "1e6", "--epochs", "2", "--loop", loop,
+                                             "--checkpoint-dir", ckpt_dir], timeout=240, check=False)
+    lines = assert_job_failed_with(run, "training diverged (a lower --base-lr?); stopped without writing a "
+                                        "checkpoint; the newest checkpoint is none", 2)
+    assert lines[0]["prog"] == "hvdtrain.tf" and "the training loss is nan at step 10" in lines[0]["message"]
+    assert list_checkpoints(ckpt_dir) == []
+
+
 def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
     ckpt_dir = str(tmp_path / "ckpt")
     common = DIGITS + ["--checkpoint-dir", ckpt_dir, "--lr-schedule", "constant", "--epochs", "1"]
