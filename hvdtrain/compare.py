@@ -29,6 +29,8 @@ from hvdtrain.workloads import WORKLOADS, get_workload
 
 # Every backend of hvdtrain/backends.py, by its report label (horovod-torch, ddp, horovod-tf, tf-mwms).
 BACKENDS = {b.label: b for b in backends.BACKENDS}
+# torchrun starts torch.distributed's own rendezvous only: the torch backends other than Horovod.
+TORCHRUN_BACKENDS = tuple(b.label for b in backends.BACKENDS if b.framework == "torch" and b.name != "horovod")
 # Pairs that start from the same weights and see the same batches: their losses must agree.
 PARITY_PAIRS = tuple((backends.get(b.framework, "horovod").label, b.label)
                      for b in backends.BACKENDS if b.name != "horovod")
@@ -186,7 +188,9 @@ def parse_args(argv=None):
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from: " + ", ".join(BACKENDS))
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads-per-rank", type=int, default=1, help="fixed for every backend and rank count")
-    p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun"))
+    p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun", "torchrun"),
+                   help="auto: srun inside a Slurm allocation, else mpirun; torchrun (one node) runs the "
+                        f"torch-only backends: {', '.join(TORCHRUN_BACKENDS)}")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed")
     p.add_argument("--parity-steps", type=int, default=10, help="steps whose losses must agree within a pair")
     p.add_argument("--loss-tolerance", type=float, default=1e-3)
@@ -209,6 +213,10 @@ def main(argv=None) -> None:
             raise UsageError(f"--np must be comma-separated integers (got '{args.np}')") from None
         if args.repeats < 1 or min(nps) < 1:
             raise UsageError("--repeats and every --np must be >= 1")
+        if args.launcher == "torchrun" and set(backends) - set(TORCHRUN_BACKENDS):
+            raise UsageError(f"--launcher torchrun runs {', '.join(TORCHRUN_BACKENDS)} only (Horovod and "
+                             "tf.distribute need mpirun or srun); not: "
+                             + ", ".join(b for b in backends if b not in TORCHRUN_BACKENDS))
     except UsageError as err:
         report_and_exit(err, "hvdtrain.compare")
     args.launcher = pick_launcher(args.launcher)

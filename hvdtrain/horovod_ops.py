@@ -29,3 +29,17 @@ def import_horovod(module: str):
         # lacks init(): say what is wrong instead of an AttributeError.
         raise UsageError(f"Horovod is installed without its {framework} ops ({lib} is missing; {rebuild})")
     return hvd
+
+
+def check_launcher_agrees(horovod_size: int) -> None:
+    """The launcher started N ranks, but each Horovod sees a world of another size: ranks that
+    would train alone, each on its own, and exit 0 (torchrun, or srun without PMIx)."""
+    from hvdtrain.cluster import ClusterEnv
+
+    env = ClusterEnv.from_environ()
+    if env.launcher != "single" and env.world_size != horovod_size:
+        hint = (" (torchrun starts no MPI job: run --backend ddp under torchrun, Horovod under mpirun, srun "
+                "--mpi=pmix or horovodrun)" if env.launcher == "torchrun"
+                else " (under srun, use --mpi=pmix with an Open MPI built for it; python -m hvdtrain.doctor checks)")
+        raise UsageError(f"{env.launcher} started {env.world_size} ranks, but Horovod sees {horovod_size}: the ranks "
+                         f"are not one job{hint}")

@@ -17,7 +17,7 @@ import argparse
 import os
 import shlex
 
-LAUNCHERS = ("mpirun", "srun", "horovodrun", "single")
+LAUNCHERS = ("mpirun", "srun", "horovodrun", "torchrun", "single")
 
 
 def launch_command(launcher: str, np: int, tag_output: bool = False, time_limit_min: int | None = None) -> list[str]:
@@ -30,6 +30,10 @@ def launch_command(launcher: str, np: int, tag_output: bool = False, time_limit_
                 *(["-t", str(time_limit_min)] if time_limit_min else [])]
     if launcher == "horovodrun":
         return ["horovodrun", "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
+    if launcher == "torchrun":
+        # One node, as the seeds' torchrun talk does; --no-python: the command that follows names
+        # its interpreter, as after every other launcher here.
+        return ["torchrun", "--standalone", "--nproc-per-node", str(np), "--no-python"]
     if launcher == "single":
         if np != 1:
             raise ValueError("the single launcher runs one process")

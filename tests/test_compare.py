@@ -57,3 +57,26 @@ def test_compare_rejects_unknown_workload(tmp_path):
                           capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
     assert done.returncode == 2
     assert "unknown workload 'gpt5'; valid: resnet50-synthetic" in done.stderr
+
+
+def test_compare_ddp_under_torchrun(tmp_path):
+    """`--launcher torchrun` (one node, the seeds' talk) runs the DDP backend at 1 and 2 ranks."""
+    out = tmp_path / "cmp"
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "resnet18-synthetic-small", "--np", "1,2",
+                           "--backends", "ddp", "--launcher", "torchrun", "--timeout", "300", "--out", str(out)],
+                          capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads((out / "compare.json").read_text())
+    assert report["launcher"] == "torchrun"
+    for m in report["measurements"]:
+        assert m["launcher"] == "torchrun" and m["command"][0] == "torchrun" and len(m["param_checksums"]) == m["np"]
+        assert len(set(m["param_checksums"])) == 1 and m["total_images_per_sec"] > 0
+
+
+def test_horovod_under_torchrun_is_refused_in_one_line():
+    done = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", "--no-python", PYTHON, "-m",
+                           "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits", "--steps", "3"],
+                          capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=300)
+    assert done.returncode != 0
+    assert "hvdtrain.torch: error [rank 0/2]: torchrun started 2 ranks, but Horovod sees 1: the ranks are not one " \
+           "job (torchrun starts no MPI job" in done.stdout + done.stderr, done.stderr[-3000:]

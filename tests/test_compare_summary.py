@@ -36,3 +36,18 @@ def test_parity_of_losses_and_accuracy():
     loss_check, acc_check = report["checks"]
     assert not report["ok"] and loss_check["max_abs_loss_diff"] == pytest.approx(0.1) and not loss_check["ok"]
     assert acc_check["spread"] == pytest.approx(0.07) and not acc_check["ok"]
+
+
+def test_torchrun_runs_the_torch_only_backends():
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--launcher",
+                           "torchrun", "--backends", "ddp,horovod-torch", "--out", "/nonexistent"],
+                          capture_output=True, text=True, env=env, cwd=repo, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "hvdtrain.compare: error [rank 0/1]: --launcher torchrun runs ddp only (Horovod and tf.distribute need "
+        "mpirun or srun); not: horovod-torch"], done.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import tuning
-from hvdtrain.horovod_ops import import_horovod
+from hvdtrain.horovod_ops import check_launcher_agrees, import_horovod
 from hvdtrain.watchdog import horovod_stall_settings
 from hvdtrain.tf.devices import pin_gpu, tf_variable
 
@@ -35,6 +35,7 @@ class HorovodBackend:
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
+        check_launcher_agrees(self.world_size)
         self.device = pin_gpu(self.local_rank)
 
     def scope(self):

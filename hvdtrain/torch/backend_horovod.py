@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from hvdtrain import tuning
-from hvdtrain.horovod_ops import import_horovod
+from hvdtrain.horovod_ops import check_launcher_agrees, import_horovod
 from hvdtrain.watchdog import horovod_stall_settings
 
 
@@ -29,6 +29,7 @@ class HorovodBackend:
         hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
+        check_launcher_agrees(self.world_size)
 
     def wrap_model(self, model, device):
         return model  # Horovod: the optimizer does the communication, the model stays as is.
