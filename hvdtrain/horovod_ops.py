@@ -43,3 +43,17 @@ def check_launcher_agrees(horovod_size: int) -> None:
                 else " (under srun, use --mpi=pmix with an Open MPI built for it; python -m hvdtrain.doctor checks)")
         raise UsageError(f"{env.launcher} started {env.world_size} ranks, but Horovod sees {horovod_size}: the ranks "
                          f"are not one job{hint}")
+
+
+def start_horovod(hvd, cfg, on_cpu: bool, cores_per_rank: int) -> dict[str, str]:
+    """hvd.init() with hvdtrain's settings exported first (a user's own export wins): the
+    tuning of hvdtrain/tuning.py and the stall shutdown behind the watchdog. Checks that the
+    launcher's ranks are one Horovod job; returns the settings in force."""
+    from hvdtrain import tuning
+    from hvdtrain.watchdog import horovod_stall_settings
+
+    settings = tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cores_per_rank, cfg.cycle_time_ms, cfg.mpi_yield)
+    applied = tuning.apply({**settings, **horovod_stall_settings(cfg.watchdog_seconds)})
+    hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
+    check_launcher_agrees(hvd.size())
+    return applied

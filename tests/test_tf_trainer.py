@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, launch, launch_each_rank_to_its_end
+from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, launch,
+                      launch_each_rank_to_its_end, rank_pids)
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -87,21 +88,11 @@ def _signal_rank1_when(ckpt_dir, checkpoint_prefix, fired):
     """Send SIGUSR1 to rank 1 once a checkpoint named checkpoint_prefix* is in ckpt_dir. Rank 1 is
     the process of this test (ckpt_dir, unique, in its command line) with OpenMPI rank 1."""
     deadline = time.monotonic() + 150
-    unique = str(ckpt_dir)
     while time.monotonic() < deadline:
         if any(n.startswith(checkpoint_prefix) for n in os.listdir(ckpt_dir)):
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        argv = f.read().split(b"\0")
-                    with open(f"/proc/{pid}/environ", "rb") as f:
-                        env = f.read().split(b"\0")
-                except OSError:
-                    continue
-                if (argv[0].endswith(b"python") and unique.encode() in argv
-                        and b"OMPI_COMM_WORLD_RANK=1" in env):
-                    os.kill(int(pid), signal.SIGUSR1)
-                    fired.append(int(pid))
+            for pid in rank_pids(str(ckpt_dir), 1):
+                os.kill(pid, signal.SIGUSR1)
+                fired.append(pid)
             return
         time.sleep(0.1)
 

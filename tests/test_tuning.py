@@ -36,11 +36,12 @@ def test_user_export_wins(monkeypatch):
 def test_trainer_records_settings_in_force(tmp_path):
     result = tmp_path / "r.json"
     env = base_env()
-    for key in ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle"):
+    for key in ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"):
         env.pop(key, None)
     launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits",
                          "--steps", "3", "--threads-per-rank", "1", "--cycle-time-ms", "7",
                          "--result-json", str(result)], timeout=120, env=env)
     data = json.loads(result.read_text())
-    assert data["horovod_tuning"] == {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "7"}
+    assert data["horovod_tuning"] == {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "7",
+                                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "900"}  # the watchdog's backstop
     assert data["environment"]["env"]["HOROVOD_CYCLE_TIME"] == "7"

@@ -11,9 +11,7 @@ import contextlib
 import numpy as np
 import torch
 
-from hvdtrain import tuning
-from hvdtrain.horovod_ops import check_launcher_agrees, import_horovod
-from hvdtrain.watchdog import horovod_stall_settings
+from hvdtrain.horovod_ops import import_horovod, start_horovod
 
 
 class HorovodBackend:
@@ -21,15 +19,9 @@ class HorovodBackend:
 
     def __init__(self, cfg, cores_per_rank: int):
         self.hvd = hvd = import_horovod("horovod.torch")
-        settings = tuning.horovod_settings(cfg.horovod_tuning, not torch.cuda.is_available(), cores_per_rank,
-                                           cfg.cycle_time_ms, cfg.mpi_yield)
-        # Knobs read by hvd.init() and MPI_Init: exported first (a user's own export wins).
-        self.tuning = tuning.apply(settings)
-        self.tuning.update(tuning.apply(horovod_stall_settings(cfg.watchdog_seconds)))
-        hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
+        self.tuning = start_horovod(hvd, cfg, not torch.cuda.is_available(), cores_per_rank)
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
-        check_launcher_agrees(self.world_size)
 
     def wrap_model(self, model, device):
         return model  # Horovod: the optimizer does the communication, the model stays as is.
