@@ -151,6 +151,19 @@ def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
     assert lrs and all(lr == pytest.approx(0.005) for lr in lrs), lrs  # what the optimizer stepped with
 
 
+def test_tf_resume_with_another_world_size_is_refused_then_resized(tmp_path):
+    ckpt_dir = str(tmp_path / "ckpt")
+    common = DIGITS + ["--checkpoint-dir", ckpt_dir, "--epochs", "1", "--loop", "custom"]
+    launch("mpirun", 2, TF + common + ["--steps", "10"], timeout=240)
+    refused = launch("mpirun", 1, TF + common, timeout=180, check=False)
+    assert_job_failed_with(refused, "was written with another global batch (world size 2 -> 1)", 1)
+    result_path = tmp_path / "resized.json"
+    launch("mpirun", 1, TF + common + ["--allow-resize", "--result-json", str(result_path)], timeout=240)
+    result = json.loads(result_path.read_text())
+    assert "640 samples of epoch 1 seen: step 10 (global 10) -> step 20 (global 20)" in result["resized"]
+    assert result["global_step"] == 43 and result["config"]["lr"] == pytest.approx(0.005)
+
+
 @pytest.mark.parametrize("what", ["checkpoint-dir-is-a-file", "log-dir-is-a-file", "result-json-is-a-directory"])
 def test_unwritable_output_fails_before_training_on_every_rank(tmp_path, what):
     a_file = tmp_path / "a-file"
