@@ -13,6 +13,7 @@ import abc
 import dataclasses
 import math
 import os
+import shutil
 import socket
 
 from hvdtrain import backends, recipes, tuning
@@ -235,9 +236,13 @@ class EpochTrainer(abc.ABC):
                 self._save_checkpoint()
             except Exception as err:  # noqa: BLE001 - reported to every rank, by path
                 newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-                error = (f"could not write a checkpoint in {self.cfg.checkpoint_dir} ({reason}); the newest "
-                         f"checkpoint is still {newest or 'none'}")
+                cause = err if isinstance(err, OSError) else err.__cause__ or err.__context__
+                # torch.save reports a full disk as "[enforce fail ...] unexpected pos": say how full it is.
+                reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else \
+                    (str(err).splitlines()[0] if str(err) else type(err).__name__)
+                free = shutil.disk_usage(self.cfg.checkpoint_dir).free
+                error = (f"could not write a checkpoint in {self.cfg.checkpoint_dir} ({reason}; {free / 2**20:.1f} "
+                         f"MiB free there); the newest checkpoint is still {newest or 'none'}")
         error = self.backend.broadcast_object(error, "checkpoint_written")
         self.watchdog.beat(where="after writing a checkpoint")
         if error:

@@ -137,6 +137,7 @@ class Trainer(EpochTrainer):
     def _validate(self) -> dict:
         self.backend.average_variables(self.model.non_trainable_weights)  # one set of BatchNorm statistics
         sums = np.zeros(3)
+        self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
         for x, y in self.data.val(self.rank, self.world_size, self.cfg.batch_size):
             self.watchdog.beat(where="validating")
             sums += self._eval_step(x, y).numpy()

@@ -164,6 +164,7 @@ class Trainer(EpochTrainer):
         self.backend.average_buffers(self.raw_model)  # one set of BatchNorm statistics
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
+        self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
         for x, y in data.val_loader(self.val_ds, self.cfg, self.rank, self.world_size):
             self.watchdog.beat(where="validating")
             x, y = x.to(self.device), y.to(self.device)
