@@ -87,15 +87,52 @@ def summarize(measurements: list[dict], backends: list[str], nps: list[int], wit
             total = statistics.median(rates) if rates else None
             if np == 1:
                 base = total
+            # The slowest rank of each run: a rank that lags shows here before it shows in the total.
+            slowest = [min(m["per_rank_images_per_sec"]) for m in ok if m.get("per_rank_images_per_sec")]
             # Random labels carry no accuracy: report it for accuracy workloads only.
             accs = [m["val_acc"] for m in ok if m.get("val_acc") is not None] if with_accuracy else []
             rows.append({"backend": backend, "np": np, "repeats": len(ok),
                          "total_images_per_sec": total,
+                         "min_total_images_per_sec": min(rates) if rates else None,
+                         "max_total_images_per_sec": max(rates) if rates else None,
                          "images_per_sec_per_rank": total / np if total else None,
+                         "slowest_rank_images_per_sec": statistics.median(slowest) if slowest else None,
                          "scaling_efficiency": total / (np * base) if total and base else None,
                          "val_acc": statistics.median(accs) if accs else None,
                          "weights_equal_across_ranks": all(len(set(m["param_checksums"])) == 1 for m in ok)})
+    # Overhead against plain DDP on the same workload and rank count: the extra time per sample.
+    ddp = {r["np"]: r["total_images_per_sec"] for r in rows if r["backend"] == "ddp"}
+    for r in rows:
+        r["overhead_vs_ddp"] = (ddp[r["np"]] / r["total_images_per_sec"] - 1
+                                if ddp.get(r["np"]) and r["total_images_per_sec"] else None)
     return rows
+
+
+def reading(report: dict) -> list[str]:
+    """A few generated sentences for the top of compare.md: the fastest backend at each rank
+    count and by how much, the scaling, and whether parity held."""
+    lines = []
+    for np in report["nps"]:
+        rows = sorted((r for r in report["summary"] if r["np"] == np and r["total_images_per_sec"]),
+                      key=lambda r: -r["total_images_per_sec"])
+        if not rows:
+            continue
+        best = rows[0]
+        text = f"At {np} rank(s) {best['backend']} is fastest ({best['total_images_per_sec']:.1f} img/s"
+        if len(rows) > 1:
+            text += f", {best['total_images_per_sec'] / rows[1]['total_images_per_sec'] - 1:.1%} ahead of {rows[1]['backend']}"
+        text += ")"
+        eff = [r for r in rows if r["scaling_efficiency"] is not None and np > 1]
+        if eff:
+            top = max(eff, key=lambda r: r["scaling_efficiency"])
+            text += f"; the best scaling is {top['backend']}'s, E({np}) = {top['scaling_efficiency']:.2f}"
+        lines.append(text + ".")
+    checks = report["parity"]["checks"]
+    if checks:
+        failed = [c for c in checks if not c["ok"]]
+        lines.append("Parity held: each pair's losses agree and the accuracies lie within the tolerance."
+                     if not failed else f"Parity FAILED in {len(failed)} of {len(checks)} check(s): see below.")
+    return lines
 
 
 def parity(measurements: list[dict], nps: list[int], steps: int, loss_tol: float, acc_tol: float,
@@ -131,17 +168,23 @@ def _fmt(value, spec):
 
 
 def write_markdown(path: str, report: dict) -> None:
-    lines = [f"# Comparison: workload `{report['workload']['name']}`", "",
+    lines = [f"# Comparison: workload `{report['workload']['name']}`", "", *reading(report), "",
              f"{report['launcher']} launcher, {report['threads_per_rank']} thread(s) per rank, "
              f"median of {report['repeats']} repeat(s); host {report['environment']['host']} "
              f"({report['environment']['cpu_count']} CPUs).", "",
-             "| backend | np | total img/s | img/s per rank | scaling efficiency E(N) | final val acc |",
-             "|---|---|---|---|---|---|"]
+             "| backend | np | total img/s | min-max over repeats | img/s per rank | slowest rank img/s | "
+             "scaling efficiency E(N) | overhead vs ddp | final val acc |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
-        lines.append(f"| {r['backend']} | {r['np']} | {_fmt(r['total_images_per_sec'], '.2f')} | "
-                     f"{_fmt(r['images_per_sec_per_rank'], '.2f')} | {_fmt(r['scaling_efficiency'], '.3f')} | "
+        spread = (f"{r['min_total_images_per_sec']:.2f}-{r['max_total_images_per_sec']:.2f}"
+                  if r.get("min_total_images_per_sec") is not None else "n/a")
+        lines.append(f"| {r['backend']} | {r['np']} | {_fmt(r['total_images_per_sec'], '.2f')} | {spread} | "
+                     f"{_fmt(r['images_per_sec_per_rank'], '.2f')} | {_fmt(r.get('slowest_rank_images_per_sec'), '.2f')} | "
+                     f"{_fmt(r['scaling_efficiency'], '.3f')} | {_fmt(r.get('overhead_vs_ddp'), '+.1%')} | "
                      f"{_fmt(r['val_acc'], '.4f')} |")
-    lines += ["", "E(N) = img/s(N) / (N x img/s(1)), per backend.", "", "## Parity", ""]
+    lines += ["", "E(N) = img/s(N) / (N x img/s(1)), per backend. Overhead vs ddp = img/s of ddp / img/s of the "
+                  "backend - 1 at the same N: the extra time per sample (negative: faster than ddp).", "",
+              "## Parity", ""]
     for c in report["parity"]["checks"]:
         if "pair" in c:
             lines.append(f"- {c['pair'][0]} vs {c['pair'][1]}, np {c['np']}: max |loss difference| over the first "
@@ -166,10 +209,18 @@ def write_plot(path: str, report: dict) -> None:
     fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
     for backend in report["backends"]:
         rows = [r for r in report["summary"] if r["backend"] == backend and r["total_images_per_sec"]]
-        ax_tp.plot([r["np"] for r in rows], [r["total_images_per_sec"] for r in rows], marker="o", label=backend)
+        nps = [r["np"] for r in rows]
+        totals = [r["total_images_per_sec"] for r in rows]
+        spread = [[t - r.get("min_total_images_per_sec", t) for t, r in zip(totals, rows)],
+                  [r.get("max_total_images_per_sec", t) - t for t, r in zip(totals, rows)]]
+        line = ax_tp.errorbar(nps, totals, yerr=spread, marker="o", capsize=3, label=backend)[0]
+        one = next((r["total_images_per_sec"] for r in rows if r["np"] == 1), None)
+        if one:  # ideal linear scaling from this backend's one-rank figure
+            ax_tp.plot(nps, [one * n for n in nps], linestyle=":", color=line.get_color(), alpha=0.6)
         eff = [r for r in rows if r["scaling_efficiency"]]
         ax_eff.plot([r["np"] for r in eff], [r["scaling_efficiency"] for r in eff], marker="o", label=backend)
-    ax_tp.set(xlabel="ranks", ylabel="total img/s", title=f"throughput: {report['workload']['name']}")
+    ax_tp.set(xlabel="ranks", ylabel="total img/s (bars: min-max over repeats)",
+              title=f"throughput: {report['workload']['name']} (dotted: linear scaling)")
     ax_eff.set(xlabel="ranks", ylabel="E(N)", title="scaling efficiency", ylim=(0, 1.1))
     for ax in (ax_tp, ax_eff):
         ax.set_xticks(report["nps"])

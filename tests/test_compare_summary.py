@@ -2,11 +2,12 @@
 rate, scaling efficiency E(N) = img/s(N) / (N x img/s(1)), failed runs left out, parity checks."""
 import pytest
 
-from hvdtrain.compare import parity, summarize
+from hvdtrain.compare import parity, reading, summarize, write_markdown, write_plot
 
 
-def run(backend, np, rate, acc=0.97, checksums=None, losses=(2.3, 2.0, 1.7)):
+def run(backend, np, rate, acc=0.97, checksums=None, losses=(2.3, 2.0, 1.7), per_rank=None):
     return {"backend": backend, "np": np, "total_images_per_sec": rate, "val_acc": acc,
+            "per_rank_images_per_sec": per_rank or [rate / np] * np,
             "param_checksums": checksums or ["a"] * np, "loss_log": [[i + 1, x] for i, x in enumerate(losses)]}
 
 
@@ -51,3 +52,29 @@ def test_torchrun_runs_the_torch_only_backends():
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "hvdtrain.compare: error [rank 0/1]: --launcher torchrun runs ddp only (Horovod and tf.distribute need "
         "mpirun or srun); not: horovod-torch"], done.stderr
+
+
+def test_spread_slowest_rank_overhead_and_reading(tmp_path):
+    measurements = [run("ddp", 1, 100.0), run("ddp", 2, 180.0, per_rank=[100.0, 80.0]),
+                    run("horovod-torch", 1, 110.0), run("horovod-torch", 1, 90.0), run("horovod-torch", 1, 100.0),
+                    run("horovod-torch", 2, 150.0, per_rank=[90.0, 60.0])]
+    rows = {(r["backend"], r["np"]): r for r in summarize(measurements, ["ddp", "horovod-torch"], [1, 2], True)}
+    hvd1, hvd2 = rows[("horovod-torch", 1)], rows[("horovod-torch", 2)]
+    assert (hvd1["min_total_images_per_sec"], hvd1["total_images_per_sec"], hvd1["max_total_images_per_sec"]) == \
+        (90.0, 100.0, 110.0)
+    assert hvd2["slowest_rank_images_per_sec"] == 60.0 and rows[("ddp", 2)]["slowest_rank_images_per_sec"] == 80.0
+    assert hvd2["overhead_vs_ddp"] == pytest.approx(0.2)       # 180 / 150 - 1: 20 % more time per sample
+    assert rows[("ddp", 2)]["overhead_vs_ddp"] == 0.0 and hvd1["overhead_vs_ddp"] == 0.0
+    report = {"workload": {"name": "w"}, "backends": ["ddp", "horovod-torch"], "nps": [1, 2], "repeats": 3,
+              "threads_per_rank": 1, "launcher": "mpirun", "environment": {"host": "h", "cpu_count": 2},
+              "summary": list(rows.values()), "measurements": measurements,
+              "parity": parity(measurements, [1, 2], 3, 1e-5, 0.01, True)}
+    said = reading(report)
+    assert said[1] == ("At 2 rank(s) ddp is fastest (180.0 img/s, 20.0% ahead of horovod-torch); the best scaling "
+                       "is ddp's, E(2) = 0.90.")
+    assert said[-1].startswith("Parity held")
+    write_markdown(str(tmp_path / "c.md"), report)
+    text = (tmp_path / "c.md").read_text()
+    assert text.splitlines()[2] == said[0] and "| horovod-torch | 2 | 150.00 | 150.00-150.00 | 75.00 | 60.00 | 0.750 | +20.0% |" in text
+    write_plot(str(tmp_path / "c.png"), report)
+    assert (tmp_path / "c.png").stat().st_size > 10_000
