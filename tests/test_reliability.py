@@ -178,6 +178,21 @@ def test_unwritable_output_fails_before_training_on_every_rank(tmp_path, what):
     assert "epoch 1/" not in run.output, "failed before the first step"
 
 
+def test_read_only_checkpoint_dir_fails_before_training(tmp_path):
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        run = launch_each_rank_to_its_end(2, TORCH + DIGITS + ["--checkpoint-dir", str(ro / "ckpt")], timeout=120)
+        assert_each_rank_failed_with(run, "hvdtrain.torch", f"--checkpoint-dir {ro / 'ckpt'} is not writable "
+                                     "(Read-only file system)", 2)
+        assert "epoch 1/" not in run.output
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
 def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp_path):
     probe = str(tmp_path / "probe")
     launch("mpirun", 2, TORCH + DIGITS + ["--epochs", "1", "--checkpoint-dir", probe], timeout=180)
