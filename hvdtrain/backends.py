@@ -35,6 +35,7 @@ class Backend:
     summary: str
     refusals: tuple[Refusal, ...] = ()
     compare_args: tuple[str, ...] = ()  # trainer options hvdtrain.compare adds for it
+    parity_with: str | None = None      # the label of the backend whose losses it must reproduce
 
     def trainer_args(self) -> list[str]:
         """The trainer command for this backend (after the Python interpreter)."""
@@ -63,7 +64,15 @@ BACKENDS: tuple[Backend, ...] = (
             "Horovod: DistributedOptimizer, broadcast from rank 0"),
     Backend("torch", "ddp", "hvdtrain.torch.backend_ddp", "DDPBackend", "ddp",
             "torch DistributedDataParallel, for comparison",
-            refusals=(_horovod_only("--use-adasum", "ddp"), _horovod_only("--cycle-time-ms", "ddp"))),
+            refusals=(_horovod_only("--use-adasum", "ddp"), _horovod_only("--cycle-time-ms", "ddp")),
+            parity_with="horovod-torch"),
+    Backend("torch", "accelerate", "hvdtrain.torch.backend_accelerate", "AccelerateBackend", "accelerate",
+            "Hugging Face Accelerate (optional: hvdtrain[compare]), for comparison",
+            refusals=(_horovod_only("--use-adasum", "accelerate"), _horovod_only("--cycle-time-ms", "accelerate"),
+                      _horovod_only("--fp16-allreduce", "accelerate"),
+                      Refusal(lambda cfg: cfg.amp, "--amp with --backend accelerate is not wired to Accelerate's "
+                                                   "mixed precision; use --backend ddp or horovod")),
+            parity_with="ddp"),
     Backend("tf", "horovod", "hvdtrain.tf.backend_horovod", "HorovodBackend", "horovod-tf",
             "Horovod: DistributedGradientTape / DistributedOptimizer, broadcast from rank 0",
             refusals=_TF_COMMON + (
@@ -77,7 +86,7 @@ BACKENDS: tuple[Backend, ...] = (
                         "--backend mwms runs the GradientTape loop only: use --loop custom"),
                 _horovod_only("--use-adasum", "mwms"), _horovod_only("--fp16-allreduce", "mwms"),
                 _horovod_only("--cycle-time-ms", "mwms")),
-            compare_args=("--loop", "custom")),
+            compare_args=("--loop", "custom"), parity_with="horovod-tf"),
 )
 
 

@@ -32,8 +32,7 @@ BACKENDS = {b.label: b for b in backends.BACKENDS}
 # torchrun starts torch.distributed's own rendezvous only: the torch backends other than Horovod.
 TORCHRUN_BACKENDS = tuple(b.label for b in backends.BACKENDS if b.framework == "torch" and b.name != "horovod")
 # Pairs that start from the same weights and see the same batches: their losses must agree.
-PARITY_PAIRS = tuple((backends.get(b.framework, "horovod").label, b.label)
-                     for b in backends.BACKENDS if b.name != "horovod")
+PARITY_PAIRS = tuple((b.parity_with, b.label) for b in backends.BACKENDS if b.parity_with)
 
 
 def pick_launcher(requested: str) -> str:

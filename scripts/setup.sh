@@ -178,6 +178,8 @@ EXTRAS=test
 for fw in $FRAMEWORKS; do
     if [ "$fw" = tf ] && [ "$GPU" = 1 ]; then EXTRAS="$EXTRAS,tf-gpu"; else EXTRAS="$EXTRAS,$fw"; fi
 done
+# The comparison's optional torch backends (Accelerate), beside torch.
+case " $FRAMEWORKS " in *" torch "*) EXTRAS="$EXTRAS,compare" ;; esac
 
 KEEP=$HVDTRAIN_VENV/hvdtrain-keep.txt
 deps_key() {

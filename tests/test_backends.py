@@ -43,9 +43,10 @@ def test_each_backend_has_its_own_module_importing_no_other_backend(backend):
     assert not imported & others, f"{backend.module} imports {imported & others}"
 
 
-def test_compare_runs_every_backend_and_pairs_each_with_horovod():
-    assert set(compare.BACKENDS) == {"horovod-torch", "ddp", "horovod-tf", "tf-mwms"}
-    assert set(compare.PARITY_PAIRS) == {("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms")}
+def test_compare_runs_every_backend_and_pairs_each_with_its_reference():
+    assert set(compare.BACKENDS) == {"horovod-torch", "ddp", "accelerate", "horovod-tf", "tf-mwms"}
+    assert set(compare.PARITY_PAIRS) == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("horovod-tf", "tf-mwms")}
+    assert compare.TORCHRUN_BACKENDS == ("ddp", "accelerate")
     assert compare.BACKENDS["tf-mwms"].trainer_args() == ["-m", "hvdtrain.tf", "--backend", "mwms", "--loop", "custom"]
 
 
@@ -59,6 +60,8 @@ def test_compare_runs_every_backend_and_pairs_each_with_horovod():
     (dict(framework="tf", backend="mwms", batches_per_allreduce=2), "--batches-per-allreduce > 1"),
     (dict(framework="tf", backend="horovod", use_adasum=True, fp16_allreduce=True), "not supported by Horovod-TF"),
     (dict(framework="tf", backend="ddp"), "unknown backend 'ddp'; valid: horovod, mwms"),
+    (dict(framework="torch", backend="accelerate", fp16_allreduce=True), "--fp16-allreduce is a Horovod option"),
+    (dict(framework="torch", backend="accelerate", amp=True), "--amp with --backend accelerate is not wired"),
 ])
 def test_options_a_backend_cannot_honour_are_refused(options, message):
     with pytest.raises(UsageError, match=message.replace("-", r"\-").replace("(", r"\(")):

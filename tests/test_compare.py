@@ -1,7 +1,9 @@
-"""`python -m hvdtrain.compare` on this CPU: all four backends at 1 and 2 ranks, the three
-report files, and the parity checks (same losses within a pair, same accuracy for all)."""
+"""`python -m hvdtrain.compare` on this CPU: all five backends at 1 and 2 ranks, the three
+report files, and the parity checks (same losses within a pair, same accuracy for all); torchrun
+as a launcher; a missing optional backend."""
 import importlib.metadata
 import json
+import os
 import subprocess
 
 import pytest
@@ -10,7 +12,7 @@ from conftest import PYTHON, REPO, base_env
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
-BACKENDS = ["horovod-torch", "ddp", "horovod-tf", "tf-mwms"]
+BACKENDS = ["horovod-torch", "ddp", "accelerate", "horovod-tf", "tf-mwms"]
 
 
 @pytest.mark.timeout(1800)
@@ -43,10 +45,10 @@ def test_compare_digits_all_backends(tmp_path):
         assert 0 < e2 < 1.5 and f"| {backend} | 2 |" in table and f"{e2:.3f}" in table.split(f"| {backend} | 2 |")[1].split("\n")[0]
     # Parity: each pair's losses agree over the first steps; all four accuracies within 1 point.
     pairs = [c for c in report["parity"]["checks"] if "pair" in c]
-    assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("horovod-tf", "tf-mwms")}
+    assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("horovod-tf", "tf-mwms")}
     assert all(c["ok"] and c["steps_compared"] == 10 for c in pairs), pairs
     accs = [c for c in report["parity"]["checks"] if "accuracy" in c]
-    assert len(accs) == 2 and all(c["ok"] and len(c["accuracy"]) == 4 for c in accs), accs
+    assert len(accs) == 2 and all(c["ok"] and len(c["accuracy"]) == len(BACKENDS) for c in accs), accs
     # Every measurement records the environment it ran in.
     assert report["versions"]["horovod"] == importlib.metadata.version("horovod") and report["threads_per_rank"] == 1
     assert all(m["threads"] == [1] * m["np"] for m in report["measurements"])
@@ -80,3 +82,25 @@ def test_horovod_under_torchrun_is_refused_in_one_line():
     assert done.returncode != 0
     assert "hvdtrain.torch: error [rank 0/2]: torchrun started 2 ranks, but Horovod sees 1: the ranks are not one " \
            "job (torchrun starts no MPI job" in done.stdout + done.stderr, done.stderr[-3000:]
+
+
+def test_missing_optional_backend_fails_alone_in_one_line(tmp_path):
+    """Accelerate hidden (a package on PYTHONPATH that fails to import, as an uninstalled one
+    would): its runs fail with one line, ddp's are measured, the comparison exits non-zero."""
+    shadow = tmp_path / "shadow" / "accelerate"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'accelerate'\")\n")
+    env = base_env()
+    env["PYTHONPATH"] = str(tmp_path / "shadow") + os.pathsep + env["PYTHONPATH"]
+    out = tmp_path / "cmp"
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "resnet18-synthetic-small", "--np", "1",
+                           "--backends", "ddp,accelerate", "--timeout", "300", "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert done.returncode != 0
+    report = json.loads((out / "compare.json").read_text())
+    ddp, accel = report["measurements"]
+    assert "error" not in ddp and ddp["total_images_per_sec"] > 0
+    assert "error" in accel
+    log = open(accel["log"]).read()
+    assert "hvdtrain.torch: error [rank 0/1]: --backend accelerate needs Hugging Face Accelerate, which is not " \
+           "importable" in log and "Traceback" not in log, log[-3000:]

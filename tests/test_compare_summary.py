@@ -50,7 +50,7 @@ def test_torchrun_runs_the_torch_only_backends():
                            "torchrun", "--backends", "ddp,horovod-torch", "--out", "/nonexistent"],
                           capture_output=True, text=True, env=env, cwd=repo, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "hvdtrain.compare: error [rank 0/1]: --launcher torchrun runs ddp only (Horovod and tf.distribute need "
+        "hvdtrain.compare: error [rank 0/1]: --launcher torchrun runs ddp, accelerate only (Horovod and tf.distribute need "
         "mpirun or srun); not: horovod-torch"], done.stderr
 
 

@@ -96,12 +96,13 @@ def test_resume_in_the_middle_of_an_epoch(tmp_path):
         assert torch.allclose(tensor.double(), split["model"][name].double(), atol=1e-6, rtol=0), name
 
 
-def test_ddp_under_srun_finds_its_own_port(tmp_path, slurm_cluster):
-    """DDP's rendezvous under srun: rank 0 picks a free port and shares it over MPI (a port derived
-    from the job id failed when another program held it)."""
-    result, run = run_trainer(tmp_path, "ddp-srun", "srun", 2, ["--backend", "ddp"] + DIGITS[:4] +
+@pytest.mark.parametrize("backend", ["ddp", "accelerate"])
+def test_comparison_backends_under_srun(tmp_path, slurm_cluster, backend):
+    """DDP's and Accelerate's rendezvous under srun: rank 0 picks a free port and shares it over MPI
+    (a port derived from the job id failed when another program held it)."""
+    result, run = run_trainer(tmp_path, f"{backend}-srun", "srun", 2, ["--backend", backend] + DIGITS[:4] +
                               ["--steps", "5", "--threads-per-rank", "1"], timeout=240)
-    assert result["backend"] == "ddp" and result["launcher"] == "slurm" and result["world_size"] == 2
+    assert result["backend"] == backend and result["launcher"] == "slurm" and result["world_size"] == 2
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
 
 

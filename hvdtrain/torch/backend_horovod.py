@@ -43,6 +43,9 @@ class HorovodBackend:
         # Horovod's optimizer counts backward passes itself (backward_passes_per_step).
         return contextlib.nullcontext()
 
+    def backward(self, loss):
+        loss.backward()  # Horovod's optimizer hooks start each gradient's allreduce as it is ready
+
     def step(self, optimizer, scaler):
         if scaler is None:
             optimizer.step()

@@ -149,7 +149,7 @@ class Trainer(EpochTrainer):
                 # Each micro-batch's loss weighs its share of the step's batch: the accumulated
                 # gradient is that of the whole batch.
                 scaled = loss * (len(yc) / len(y))
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                b.backward(self.scaler.scale(scaled) if self.scaler else scaled)
                 stats[0] += loss.item() * len(yc)
                 stats[1] += (out.argmax(1) == yc).sum().item()
                 stats[2] += len(yc)
