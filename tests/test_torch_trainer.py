@@ -134,10 +134,11 @@ def test_imagefolder_of_real_images_trains(tmp_path):
     result, _ = run_trainer(tmp_path, "folder", "mpirun", 2,
                             ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", root,
                              "--image-size", "16", "--epochs", "8", "--batch-size", "8", "--num-workers", "0",
-                             "--threads-per-rank", "1", "--optimizer", "adam", "--base-lr", "0.003"])
+                             "--threads-per-rank", "1", "--optimizer", "adam", "--base-lr", "0.001"])
     assert result["final"]["val_count"] == 50          # 10 classes x 5 images, each counted once
     assert result["global_step"] == 8 * (160 // 2 // 8)
-    # It learned from the files: well above the 10 % of chance on the held-out images.
+    # It learned from the files: well above the 10 % of chance on the held-out images. (160 images
+    # are few: at base LR 0.003 x 2 ranks one augmentation stream left the net dead at chance.)
     assert result["final"]["val_acc"] >= 0.3, result["history"]
 
 
