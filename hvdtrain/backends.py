@@ -1,7 +1,7 @@
 """The data-parallel backends of each trainer, in one table: what `--backend` accepts, what
 `hvdtrain.compare` runs, and which options each backend refuses all come from here.
 
-    python -m hvdtrain.torch --backend ddp ...     # torch: horovod (the product) | ddp
+    python -m hvdtrain.torch --backend ddp ...     # torch: horovod (the product) | ddp | accelerate | lightning
     python -m hvdtrain.tf --backend mwms ...       # tf: horovod (the product) | mwms
 
 A backend lives in its own module (hvdtrain/<framework>/backend_<name>.py) and is imported only
@@ -72,6 +72,21 @@ BACKENDS: tuple[Backend, ...] = (
                       _horovod_only("--fp16-allreduce", "accelerate"),
                       Refusal(lambda cfg: cfg.amp, "--amp with --backend accelerate is not wired to Accelerate's "
                                                    "mixed precision; use --backend ddp or horovod")),
+            parity_with="ddp"),
+    Backend("torch", "lightning", "hvdtrain.torch.backend_lightning", "LightningBackend", "lightning",
+            "PyTorch Lightning, Trainer(strategy='ddp') (optional: hvdtrain[compare]), for comparison",
+            refusals=(_horovod_only("--use-adasum", "lightning"), _horovod_only("--cycle-time-ms", "lightning"),
+                      Refusal(lambda cfg: cfg.amp, "--amp with --backend lightning is not wired to Lightning's "
+                                                   "precision plugins; use --backend ddp or horovod"),
+                      # Lightning accumulates over whole batches, hvdtrain over slices of one batch:
+                      # not the same step, so no parity.
+                      Refusal(lambda cfg: cfg.batches_per_allreduce != 1,
+                              "--batches-per-allreduce > 1 with --backend lightning is not supported (Lightning "
+                              "accumulates whole batches: use --backend ddp or horovod)"),
+                      Refusal(lambda cfg: bool(cfg.checkpoint_dir),
+                              "--checkpoint-dir with --backend lightning: Lightning writes checkpoints of its own, "
+                              "which hvdtrain does not resume (the lightning backend is for comparison; use "
+                              "--backend horovod or ddp)")),
             parity_with="ddp"),
     Backend("tf", "horovod", "hvdtrain.tf.backend_horovod", "HorovodBackend", "horovod-tf",
             "Horovod: DistributedGradientTape / DistributedOptimizer, broadcast from rank 0",

@@ -20,13 +20,17 @@ import shlex
 LAUNCHERS = ("mpirun", "srun", "horovodrun", "torchrun", "single")
 
 
-def launch_command(launcher: str, np: int, tag_output: bool = False, time_limit_min: int | None = None) -> list[str]:
-    """The command prefix that starts `np` ranks with `launcher` (empty for "single")."""
+def launch_command(launcher: str, np: int, tag_output: bool = False, time_limit_min: int | None = None,
+                   tasks_per_node: int | None = None) -> list[str]:
+    """The command prefix that starts `np` ranks with `launcher` (empty for "single"). srun gets
+    `--ntasks-per-node` when `tasks_per_node` is given: Lightning refuses `-n` without it."""
     if launcher == "mpirun":
         return ["mpirun", "-np", str(np), *(["--tag-output"] if tag_output else []), "--bind-to", "none",
                 "--oversubscribe"]
     if launcher == "srun":
-        return ["srun", "--mpi=pmix", "-n", str(np), *(["--label"] if tag_output else []), "--kill-on-bad-exit=1",
+        return ["srun", "--mpi=pmix", "-n", str(np),
+                *([f"--ntasks-per-node={tasks_per_node}"] if tasks_per_node else []),
+                *(["--label"] if tag_output else []), "--kill-on-bad-exit=1",
                 *(["-t", str(time_limit_min)] if time_limit_min else [])]
     if launcher == "horovodrun":
         return ["horovodrun", "-np", str(np), "-H", f"localhost:{np}", "--gloo"]

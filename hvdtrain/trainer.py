@@ -253,15 +253,19 @@ class EpochTrainer(abc.ABC):
         stopped_by = None
         while self.epoch < cfg.epochs and self.global_step < self.total_steps:
             train_metrics, stopped_by = self._train_epoch()
-            epoch_done = self.step_in_epoch >= self.steps_per_epoch
+            # No validation after a stop signal: Slurm kills the job KillWait seconds after
+            # SIGTERM, too soon for a validation pass (the resumed run validates at the epoch's end).
+            val_metrics = self._validate() if cfg.validates and not stopped_by else {}
+            self._end_epoch(train_metrics, val_metrics, stopped_by)
             if stopped_by:
-                # Checkpoint at once: after SIGTERM Slurm kills the job KillWait seconds later,
-                # too soon for a validation pass (the resumed run validates when it ends the epoch).
-                if epoch_done:
-                    self.epoch, self.step_in_epoch = self.epoch + 1, 0
-                self._checkpoint()
                 break
-            val_metrics = self._validate() if cfg.validates else {}
+        return self._finish(stopped_by)
+
+    def _end_epoch(self, train_metrics: dict, val_metrics: dict, stopped_by: str | None) -> None:
+        """The current epoch ended, complete or not: record it (unless stopped), move the position
+        on and checkpoint. Also called by backends that own their loop (Lightning)."""
+        epoch_done = self.step_in_epoch >= self.steps_per_epoch
+        if not stopped_by:
             record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
                       "global_step": self.global_step, **train_metrics, **val_metrics}
             self.history.append(record)
@@ -273,10 +277,9 @@ class EpochTrainer(abc.ABC):
             if val_metrics:
                 self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
                                                          "val/acc": val_metrics["val_acc"]})
-            if epoch_done:
-                self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            self._checkpoint()
-        return self._finish(stopped_by)
+        if epoch_done:
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self._checkpoint()
 
     def _finish(self, stopped_by: str | None) -> dict:
         cfg, b = self.cfg, self.backend

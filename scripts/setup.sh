@@ -178,7 +178,7 @@ EXTRAS=test
 for fw in $FRAMEWORKS; do
     if [ "$fw" = tf ] && [ "$GPU" = 1 ]; then EXTRAS="$EXTRAS,tf-gpu"; else EXTRAS="$EXTRAS,$fw"; fi
 done
-# The comparison's optional torch backends (Accelerate), beside torch.
+# The comparison's optional torch backends (Accelerate, Lightning), beside torch.
 case " $FRAMEWORKS " in *" torch "*) EXTRAS="$EXTRAS,compare" ;; esac
 
 KEEP=$HVDTRAIN_VENV/hvdtrain-keep.txt

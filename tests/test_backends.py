@@ -44,9 +44,10 @@ def test_each_backend_has_its_own_module_importing_no_other_backend(backend):
 
 
 def test_compare_runs_every_backend_and_pairs_each_with_its_reference():
-    assert set(compare.BACKENDS) == {"horovod-torch", "ddp", "accelerate", "horovod-tf", "tf-mwms"}
-    assert set(compare.PARITY_PAIRS) == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("horovod-tf", "tf-mwms")}
-    assert compare.TORCHRUN_BACKENDS == ("ddp", "accelerate")
+    assert set(compare.BACKENDS) == {"horovod-torch", "ddp", "accelerate", "lightning", "horovod-tf", "tf-mwms"}
+    assert set(compare.PARITY_PAIRS) == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("ddp", "lightning"),
+                                         ("horovod-tf", "tf-mwms")}
+    assert compare.TORCHRUN_BACKENDS == ("ddp", "accelerate", "lightning")
     assert compare.BACKENDS["tf-mwms"].trainer_args() == ["-m", "hvdtrain.tf", "--backend", "mwms", "--loop", "custom"]
 
 
@@ -62,6 +63,11 @@ def test_compare_runs_every_backend_and_pairs_each_with_its_reference():
     (dict(framework="tf", backend="ddp"), "unknown backend 'ddp'; valid: horovod, mwms"),
     (dict(framework="torch", backend="accelerate", fp16_allreduce=True), "--fp16-allreduce is a Horovod option"),
     (dict(framework="torch", backend="accelerate", amp=True), "--amp with --backend accelerate is not wired"),
+    (dict(framework="torch", backend="lightning", amp=True), "--amp with --backend lightning is not wired"),
+    (dict(framework="torch", backend="lightning", batches_per_allreduce=2), "--batches-per-allreduce > 1 with "
+                                                                           "--backend lightning is not supported"),
+    (dict(framework="torch", backend="lightning", checkpoint_dir="/tmp/c"), "--checkpoint-dir with --backend "
+                                                                           "lightning"),
 ])
 def test_options_a_backend_cannot_honour_are_refused(options, message):
     with pytest.raises(UsageError, match=message.replace("-", r"\-").replace("(", r"\(")):

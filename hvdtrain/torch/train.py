@@ -91,6 +91,11 @@ class Trainer(EpochTrainer):
         self.device_name = str(self.device)
         self._log_start(resumed_from)
 
+    def train(self) -> dict:
+        # A backend that owns its loop (Lightning's Trainer.fit) runs it, fed by this trainer.
+        fit = getattr(self.backend, "fit", None)
+        return fit(self) if fit else super().train()
+
     def _set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)
 

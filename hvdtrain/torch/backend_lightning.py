@@ -1,0 +1,98 @@
+"""PyTorch Lightning for the torch trainer, beside Horovod, DDP and Accelerate for comparison
+(`python -m hvdtrain.compare --backends ddp,lightning`), written as the seeds' Jean Zay page does:
+a `LightningModule` around the model, `pl.Trainer(strategy="ddp")`, metrics logged with
+`sync_dist=True`, and Lightning's own cluster detection (SLURMEnvironment under srun, which wants
+`--ntasks-per-node`; MPIEnvironment under mpirun; TorchElasticEnvironment under torchrun).
+
+Lightning owns the loop (`Trainer.fit`); hvdtrain only watches it through a callback that feeds the
+same step meter, step seeds and epoch records as the other backends, so the result file is the
+same. For a fair comparison the batches are hvdtrain's (each rank its DistributedSampler shard,
+`use_distributed_sampler=False`), the optimizer and LR schedule are the trainer's, and the process
+group is started before Lightning (hvdtrain's start-up checks need it; Lightning then reuses it).
+An optional dependency (`pip install 'hvdtrain[compare]'`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+
+import torch
+
+from hvdtrain.errors import UsageError
+from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, export_torch_distributed_env
+
+
+def import_lightning():
+    try:
+        import lightning.pytorch as pl
+    except ImportError as err:
+        raise UsageError(f"--backend lightning needs PyTorch Lightning, which is not importable ({err}); "
+                         "pip install 'hvdtrain[compare]' (bash scripts/setup.sh installs it)") from None
+    return pl
+
+
+class LightningBackend(TorchDistributedCollectives):
+    name = "lightning"
+
+    def __init__(self, cfg, cores_per_rank: int):
+        self.pl = import_lightning()
+        from lightning.pytorch.strategies import DDPStrategy
+
+        # Lightning's start-up banner ("GPU available: ...") and its advice about DataLoader
+        # workers are about its own defaults, not this run: keep the trainer's log readable.
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", module="lightning")
+        env = export_torch_distributed_env()
+        self.dist = torch.distributed
+        gpu = torch.cuda.is_available()
+        self.dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo", init_method="env://")
+        self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
+        self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
+        hook = None
+        if cfg.fp16_allreduce:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = default_hooks.fp16_compress_hook
+        try:
+            # Lightning picks the cluster environment itself, as its users' scripts let it.
+            self.trainer = self.pl.Trainer(
+                accelerator="gpu" if gpu else "cpu", devices=env.local_world_size,
+                num_nodes=max(1, env.world_size // env.local_world_size),
+                strategy=DDPStrategy(process_group_backend="nccl" if gpu else "gloo", ddp_comm_hook=hook),
+                max_epochs=cfg.epochs, max_steps=cfg.steps or -1,
+                use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
+                limit_val_batches=1.0 if cfg.validates else 0, num_sanity_val_steps=0,
+                logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        except (RuntimeError, ValueError) as err:  # its SLURM checks, e.g. srun -n without --ntasks-per-node
+            raise UsageError(f"PyTorch Lightning refuses this launch: {err}") from None
+        self.environment = type(self.trainer.strategy.cluster_environment).__name__
+
+    def wrap_model(self, model, device):
+        return model  # Lightning wraps it in DistributedDataParallel when fit starts
+
+    def unwrap(self, model):
+        return model
+
+    def wrap_optimizer(self, optimizer, model, cfg):
+        return optimizer
+
+    def no_sync(self, model, optimizer, last_micro_batch: bool):
+        return contextlib.nullcontext()  # --batches-per-allreduce > 1 is refused (hvdtrain/backends.py)
+
+    def broadcast_state(self, model, optimizer, optimizer_state: bool):
+        pass  # DDP broadcasts rank 0's weights when Lightning wraps the model; no resume (refused)
+
+    def fit(self, trainer):
+        """Run `trainer` (hvdtrain.torch.train.Trainer) through Lightning's loop; its result."""
+        from hvdtrain.torch.lightning_module import TrainerModule, WatchTrainer
+
+        watch = WatchTrainer(trainer, self.environment)
+        self.trainer.callbacks.append(watch)
+        self.trainer.fit(TrainerModule(trainer))
+        return trainer._finish(watch.stopped_by)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "lightning": self.pl.__version__, "cluster_environment": self.environment,
+                "strategy": type(self.trainer.strategy).__name__,
+                "process_group": self.dist.get_backend() if self.dist.is_initialized() else None}

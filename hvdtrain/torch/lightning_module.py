@@ -1,0 +1,99 @@
+"""The LightningModule and Callback of the `lightning` comparison backend
+(hvdtrain/torch/backend_lightning.py), which imports this module only once Lightning is known to be
+importable."""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+from hvdtrain.errors import UsageError
+from hvdtrain.torch import data
+
+
+class TrainerModule(pl.LightningModule):
+    """The hvdtrain trainer's model, data, optimizer and LR schedule, as a LightningModule."""
+
+    def __init__(self, hv):
+        super().__init__()
+        self.hv = hv
+        self.model = hv.raw_model
+
+    def forward(self, x):
+        return self.model(x)
+
+    def train_dataloader(self):
+        # Reloaded every epoch: each epoch's shuffle, as for the other backends.
+        hv = self.hv
+        return data.train_loader(hv.train_ds, hv.cfg, hv.rank, hv.world_size, hv.epoch, hv.step_in_epoch)
+
+    def val_dataloader(self):
+        hv = self.hv
+        return data.val_loader(hv.val_ds, hv.cfg, hv.rank, hv.world_size)
+
+    def configure_optimizers(self):
+        return {"optimizer": self.hv.optimizer, "lr_scheduler": {"scheduler": self.hv.scheduler, "interval": "step"}}
+
+    def training_step(self, batch, batch_idx):
+        from hvdtrain.torch.train import step_seed
+
+        hv = self.hv
+        torch.manual_seed(step_seed(hv.cfg.seed, hv.global_step, hv.rank))
+        x, y = batch
+        out = self.model(x)
+        loss = F.cross_entropy(out, y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(y))
+        return {"loss": loss, "stats": [loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)]}
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.model(x)
+        # Sums, reduced over every rank by Lightning (sync_dist): exact over uneven shards, where
+        # a mean of the ranks' means would not be.
+        for name, value in (("val_loss_sum", F.cross_entropy(out.float(), y, reduction="sum")),
+                            ("val_correct", (out.argmax(1) == y).sum().float()),
+                            ("val_count", torch.tensor(float(len(y)), device=out.device))):
+            self.log(name, value, on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True, batch_size=len(y))
+
+
+class WatchTrainer(pl.Callback):
+    """hvdtrain's bookkeeping around Lightning's loop: the step meter (timed between barriers,
+    reduced losses, the stop vote), the watchdog, and one history record per epoch."""
+
+    def __init__(self, hv, environment: str):
+        self.hv, self.environment = hv, environment
+        self.stopped_by, self.train_metrics, self.val_metrics = None, None, {}
+
+    def setup(self, trainer, pl_module, stage):
+        hv = self.hv
+        if (trainer.global_rank, trainer.world_size) != (hv.rank, hv.world_size):
+            raise UsageError(f"Lightning's {self.environment} sees rank {trainer.global_rank} of {trainer.world_size}, "
+                             f"but this process is rank {hv.rank} of {hv.world_size} ({hv.env.launcher}): the "
+                             f"launcher and Lightning disagree")
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.steps, self.done = self.hv._start_epoch(), 0
+        self.train_metrics, self.val_metrics = None, {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.hv.meter.before_step()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.done += 1
+        stop = self.hv._step_done(outputs["stats"])
+        if stop or self.done >= self.steps:
+            # The clock stops here, before Lightning validates, as for the other backends.
+            self.train_metrics, self.stopped_by = self.hv.meter.end_epoch()
+            trainer.should_stop = trainer.should_stop or stop
+
+    def on_validation_end(self, trainer, pl_module):
+        m = trainer.callback_metrics
+        if "val_count" in m:
+            count = float(m["val_count"])
+            self.val_metrics = {"val_loss": float(m["val_loss_sum"]) / count,
+                                "val_acc": float(m["val_correct"]) / count, "val_count": int(count)}
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.train_metrics is None:  # Lightning ended the epoch before the planned steps
+            self.train_metrics, self.stopped_by = self.hv.meter.end_epoch()
+        self.hv._end_epoch(self.train_metrics, self.val_metrics if self.hv.cfg.validates else {}, self.stopped_by)
