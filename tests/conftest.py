@@ -35,9 +35,9 @@ def base_env() -> dict:
     return env
 
 
-def launcher_prefix(launcher: str, np: int) -> list[str]:
+def launcher_prefix(launcher: str, np: int, tasks_per_node: int | None = None) -> list[str]:
     # Output lines tagged with their rank; srun steps limited to 10 minutes.
-    return launch_command(launcher, np, tag_output=True, time_limit_min=10)
+    return launch_command(launcher, np, tag_output=True, time_limit_min=10, tasks_per_node=tasks_per_node)
 
 
 @dataclass
@@ -48,8 +48,8 @@ class Launch:
 
 
 def launch(launcher: str, np: int, argv: list[str], timeout: float, env: dict | None = None,
-           cwd: str | None = None, check: bool = True) -> Launch:
-    cmd = launcher_prefix(launcher, np) + argv
+           cwd: str | None = None, check: bool = True, tasks_per_node: int | None = None) -> Launch:
+    cmd = launcher_prefix(launcher, np, tasks_per_node) + argv
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env or base_env(), cwd=cwd or REPO, start_new_session=True)
     try:

@@ -1,4 +1,4 @@
-"""`python -m hvdtrain.compare` on this CPU: all five backends at 1 and 2 ranks, the three
+"""`python -m hvdtrain.compare` on this CPU: all six backends at 1 and 2 ranks, the three
 report files, and the parity checks (same losses within a pair, same accuracy for all); torchrun
 as a launcher; a missing optional backend."""
 import importlib.metadata
@@ -12,7 +12,7 @@ from conftest import PYTHON, REPO, base_env, error_lines
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
-BACKENDS = ["horovod-torch", "ddp", "accelerate", "horovod-tf", "tf-mwms"]
+BACKENDS = ["horovod-torch", "ddp", "accelerate", "lightning", "horovod-tf", "tf-mwms"]
 
 
 @pytest.mark.timeout(1800)
@@ -43,15 +43,23 @@ def test_compare_digits_all_backends(tmp_path):
             assert len(trainer["ranks"]) == np
         e2 = rows[(backend, 2)]["scaling_efficiency"]
         assert 0 < e2 < 1.5 and f"| {backend} | 2 |" in table and f"{e2:.3f}" in table.split(f"| {backend} | 2 |")[1].split("\n")[0]
-    # Parity: each pair's losses agree over the first steps; all four accuracies within 1 point.
+    # Parity: each pair's losses agree over the first steps; all six accuracies within 1 point.
     pairs = [c for c in report["parity"]["checks"] if "pair" in c]
-    assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("horovod-tf", "tf-mwms")}
+    assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("ddp", "lightning"),
+                                                 ("horovod-tf", "tf-mwms")}
     assert all(c["ok"] and c["steps_compared"] == 10 for c in pairs), pairs
     accs = [c for c in report["parity"]["checks"] if "accuracy" in c]
     assert len(accs) == 2 and all(c["ok"] and len(c["accuracy"]) == len(BACKENDS) for c in accs), accs
     # Every measurement records the environment it ran in.
     assert report["versions"]["horovod"] == importlib.metadata.version("horovod") and report["threads_per_rank"] == 1
     assert all(m["threads"] == [1] * m["np"] for m in report["measurements"])
+    # Lightning chose its own cluster environment (2 ranks under mpirun: MPIEnvironment; one process:
+    # its default), and the report sets the Jean Zay page's stated Lightning overhead beside the measured one.
+    lightning = {m["np"]: json.loads(open(m["result_json"]).read()) for m in report["measurements"]
+                 if m["backend"] == "lightning"}
+    assert lightning[2]["cluster_environment"] == "MPIEnvironment", lightning[2]
+    assert lightning[1]["cluster_environment"] == "LightningEnvironment", lightning[1]
+    assert "lightning: measured overhead vs ddp" in table and "Jean Zay page" in table
 
 
 def test_compare_rejects_unknown_workload(tmp_path):
@@ -87,23 +95,25 @@ def test_horovod_under_torchrun_is_refused_in_one_line():
     assert lines and all(m["prog"] == "hvdtrain.torch" and m["size"] == "2" for m in lines), done.stderr[-3000:]
 
 
-def test_missing_optional_backend_fails_alone_in_one_line(tmp_path):
-    """Accelerate hidden (a package on PYTHONPATH that fails to import, as an uninstalled one
-    would): its runs fail with one line, ddp's are measured, the comparison exits non-zero."""
-    shadow = tmp_path / "shadow" / "accelerate"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'accelerate'\")\n")
+def test_missing_optional_backends_fail_alone_in_one_line(tmp_path):
+    """Accelerate and Lightning hidden (packages on PYTHONPATH that fail to import, as uninstalled
+    ones would): their runs fail with one line each, ddp's is measured, the comparison exits non-zero."""
     env = base_env()
+    for package in ("accelerate", "lightning"):
+        shadow = tmp_path / "shadow" / package
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text(f"raise ImportError(\"No module named '{package}'\")\n")
     env["PYTHONPATH"] = str(tmp_path / "shadow") + os.pathsep + env["PYTHONPATH"]
     out = tmp_path / "cmp"
     done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "resnet18-synthetic-small", "--np", "1",
-                           "--backends", "ddp,accelerate", "--timeout", "300", "--out", str(out)],
+                           "--backends", "ddp,accelerate,lightning", "--timeout", "300", "--out", str(out)],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert done.returncode != 0
     report = json.loads((out / "compare.json").read_text())
-    ddp, accel = report["measurements"]
+    ddp, accel, lightning = report["measurements"]
     assert "error" not in ddp and ddp["total_images_per_sec"] > 0
-    assert "error" in accel
-    log = open(accel["log"]).read()
-    assert "hvdtrain.torch: error [rank 0/1]: --backend accelerate needs Hugging Face Accelerate, which is not " \
-           "importable" in log and "Traceback" not in log, log[-3000:]
+    for run, line in ((accel, "--backend accelerate needs Hugging Face Accelerate, which is not importable"),
+                      (lightning, "--backend lightning needs PyTorch Lightning, which is not importable")):
+        assert "error" in run
+        log = open(run["log"]).read()
+        assert f"hvdtrain.torch: error [rank 0/1]: {line}" in log and "Traceback" not in log, log[-3000:]

@@ -8,7 +8,7 @@ import shlex
 import pytest
 import torch
 
-from conftest import PYTHON, REPO, launch
+from conftest import PYTHON, REPO, assert_job_failed_with, launch
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -18,9 +18,10 @@ DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "adam", 
           "--threads-per-rank", "1"]
 
 
-def run_trainer(tmp_path, name, launcher, np, extra, timeout=300, check=True):
+def run_trainer(tmp_path, name, launcher, np, extra, timeout=300, check=True, tasks_per_node=None):
     result_path = tmp_path / f"{name}.json"
-    out = launch(launcher, np, TRAINER + extra + ["--result-json", str(result_path)], timeout=timeout, check=check)
+    out = launch(launcher, np, TRAINER + extra + ["--result-json", str(result_path)], timeout=timeout, check=check,
+                 tasks_per_node=tasks_per_node)
     return (json.loads(result_path.read_text()) if result_path.exists() else None), out
 
 
@@ -103,6 +104,21 @@ def test_comparison_backends_under_srun(tmp_path, slurm_cluster, backend):
     result, run = run_trainer(tmp_path, f"{backend}-srun", "srun", 2, ["--backend", backend] + DIGITS[:4] +
                               ["--steps", "5", "--threads-per-rank", "1"], timeout=240)
     assert result["backend"] == backend and result["launcher"] == "slurm" and result["world_size"] == 2
+    assert len({r["param_checksum"] for r in result["ranks"]}) == 1
+
+
+def test_lightning_under_srun_uses_its_slurm_detection(tmp_path, slurm_cluster):
+    """As the seeds' users launch it: srun with --ntasks-per-node, Lightning's SLURMEnvironment
+    supplying the ranks. `srun -n 2` alone is refused by Lightning, in one line per rank."""
+    args = ["--backend", "lightning"] + DIGITS[:4] + ["--steps", "5", "--threads-per-rank", "1"]
+    refused, run = run_trainer(tmp_path, "lightning-n", "srun", 2, args, timeout=240, check=False)
+    assert_job_failed_with(run, "PyTorch Lightning refuses this launch: You set `--ntasks=2` in your SLURM bash "
+                                "script, but this variable is not supported. HINT: Use `--ntasks-per-node=2`", 2)
+    assert refused is None
+    result, run = run_trainer(tmp_path, "lightning-srun", "srun", 2, args, timeout=240, tasks_per_node=2)
+    assert "--ntasks-per-node=2" in run.command
+    assert result["backend"] == "lightning" and result["cluster_environment"] == "SLURMEnvironment"
+    assert result["launcher"] == "slurm" and result["world_size"] == 2 and result["global_step"] == 5
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
 
 
