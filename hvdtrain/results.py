@@ -17,7 +17,7 @@ import sys
 from hvdtrain.checkpoint import atomic_write
 
 _LIBRARIES = ("torch", "torchvision", "tensorflow-cpu", "tensorflow", "tf-keras", "horovod",
-              "mpi4py", "numpy")
+              "mpi4py", "numpy", "accelerate", "lightning")
 
 
 def library_versions() -> dict:

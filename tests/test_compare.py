@@ -59,6 +59,8 @@ def test_compare_digits_all_backends(tmp_path):
                  if m["backend"] == "lightning"}
     assert lightning[2]["cluster_environment"] == "MPIEnvironment", lightning[2]
     assert lightning[1]["cluster_environment"] == "LightningEnvironment", lightning[1]
+    # Lightning's launcher resets torch's threads (cores / processes): the trainer's count held in its loop.
+    assert [lightning[np]["threads_in_loop"] for np in (1, 2)] == [1, 1]
     assert "lightning: measured overhead vs ddp" in table and "Jean Zay page" in table
 
 

@@ -67,6 +67,7 @@ class LightningBackend(TorchDistributedCollectives):
         except (RuntimeError, ValueError) as err:  # its SLURM checks, e.g. srun -n without --ntasks-per-node
             raise UsageError(f"PyTorch Lightning refuses this launch: {err}") from None
         self.environment = type(self.trainer.strategy.cluster_environment).__name__
+        self.threads_in_loop = None
 
     def wrap_model(self, model, device):
         return model  # Lightning wraps it in DistributedDataParallel when fit starts
@@ -87,12 +88,12 @@ class LightningBackend(TorchDistributedCollectives):
         """Run `trainer` (hvdtrain.torch.train.Trainer) through Lightning's loop; its result."""
         from hvdtrain.torch.lightning_module import TrainerModule, WatchTrainer
 
-        watch = WatchTrainer(trainer, self.environment)
+        watch = WatchTrainer(trainer, self)
         self.trainer.callbacks.append(watch)
         self.trainer.fit(TrainerModule(trainer))
         return trainer._finish(watch.stopped_by)
 
     def describe(self) -> dict:
         return {"backend": self.name, "lightning": self.pl.__version__, "cluster_environment": self.environment,
-                "strategy": type(self.trainer.strategy).__name__,
+                "strategy": type(self.trainer.strategy).__name__, "threads_in_loop": self.threads_in_loop,
                 "process_group": self.dist.get_backend() if self.dist.is_initialized() else None}

@@ -60,14 +60,18 @@ class WatchTrainer(pl.Callback):
     """hvdtrain's bookkeeping around Lightning's loop: the step meter (timed between barriers,
     reduced losses, the stop vote), the watchdog, and one history record per epoch."""
 
-    def __init__(self, hv, environment: str):
-        self.hv, self.environment = hv, environment
+    def __init__(self, hv, backend):
+        self.hv, self.backend = hv, backend
         self.stopped_by, self.train_metrics, self.val_metrics = None, None, {}
 
     def setup(self, trainer, pl_module, stage):
         hv = self.hv
+        # Lightning's DDP launcher sets torch's threads to cores / processes on this node (2 for
+        # one rank here: twice the compute of the other backends' one). Keep the trainer's count,
+        # fixed and recorded for every backend alike.
+        torch.set_num_threads(hv.threads)
         if (trainer.global_rank, trainer.world_size) != (hv.rank, hv.world_size):
-            raise UsageError(f"Lightning's {self.environment} sees rank {trainer.global_rank} of {trainer.world_size}, "
+            raise UsageError(f"Lightning's {self.backend.environment} sees rank {trainer.global_rank} of {trainer.world_size}, "
                              f"but this process is rank {hv.rank} of {hv.world_size} ({hv.env.launcher}): the "
                              f"launcher and Lightning disagree")
 
@@ -94,6 +98,7 @@ class WatchTrainer(pl.Callback):
                                 "val_acc": float(m["val_correct"]) / count, "val_count": int(count)}
 
     def on_train_epoch_end(self, trainer, pl_module):
+        self.backend.threads_in_loop = torch.get_num_threads()  # recorded: what the steps really ran with
         if self.train_metrics is None:  # Lightning ended the epoch before the planned steps
             self.train_metrics, self.stopped_by = self.hv.meter.end_epoch()
         self.hv._end_epoch(self.train_metrics, self.val_metrics if self.hv.cfg.validates else {}, self.stopped_by)
