@@ -71,18 +71,24 @@ def test_compare_rejects_unknown_workload(tmp_path):
     assert "unknown workload 'gpt5'; valid: resnet50-synthetic" in done.stderr
 
 
-def test_compare_ddp_under_torchrun(tmp_path):
-    """`--launcher torchrun` (one node, the seeds' talk) runs the DDP backend at 1 and 2 ranks."""
+def test_compare_ddp_and_lightning_under_torchrun(tmp_path):
+    """`--launcher torchrun` (one node, the seeds' talk) runs DDP and Lightning at 1 and 2 ranks;
+    Lightning recognises torchrun itself (TorchElasticEnvironment) at 2."""
     out = tmp_path / "cmp"
     done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "resnet18-synthetic-small", "--np", "1,2",
-                           "--backends", "ddp", "--launcher", "torchrun", "--timeout", "300", "--out", str(out)],
+                           "--backends", "ddp,lightning", "--launcher", "torchrun", "--timeout", "300",
+                           "--out", str(out)],
                           capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads((out / "compare.json").read_text())
-    assert report["launcher"] == "torchrun"
+    assert report["launcher"] == "torchrun" and len(report["measurements"]) == 4
     for m in report["measurements"]:
         assert m["launcher"] == "torchrun" and m["command"][0] == "torchrun" and len(m["param_checksums"]) == m["np"]
         assert len(set(m["param_checksums"])) == 1 and m["total_images_per_sec"] > 0
+    [lightning2] = [json.loads(open(m["result_json"]).read()) for m in report["measurements"]
+                    if m["backend"] == "lightning" and m["np"] == 2]
+    assert lightning2["cluster_environment"] == "TorchElasticEnvironment", lightning2
+    assert all(c["ok"] for c in report["parity"]["checks"]), report["parity"]
 
 
 def test_horovod_under_torchrun_is_refused_in_one_line():
