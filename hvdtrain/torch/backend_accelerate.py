@@ -1,12 +1,14 @@
 """Hugging Face Accelerate for the torch trainer, beside Horovod and DDP for comparison
 (`python -m hvdtrain.compare --backends ddp,accelerate`), written as the seeds' tutorial does:
-an `Accelerator`, `prepare` of the model and the optimizer, `accelerator.backward(loss)`.
+an `Accelerator`, `prepare` of the model, the optimizer and the data loaders,
+`accelerator.backward(loss)`, `gather_for_metrics` for evaluation.
 
-Two differences, both for a fair comparison: the rendezvous comes from the launcher (mpirun, srun
-or torchrun) as for DDP, instead of `accelerate launch`; and the data loader is hvdtrain's own
-(each rank its DistributedSampler shard), not `prepare`d, so that Accelerate sees exactly the
-batches DDP and Horovod see and the report's parity check applies. Evaluation reduces (sum,
-count) over ranks like every backend. An optional dependency (`pip install 'hvdtrain[compare]'`).
+Two things differ from a stand-alone script, both for a fair comparison: the rendezvous comes from
+the launcher (mpirun, srun or torchrun) as for DDP, instead of `accelerate launch`; and the
+training loader handed to `prepare` lists every rank's batches interleaved (hvdtrain/torch/data.py
+`interleaved_train_loader`), so that Accelerate's sharding (batch k to rank k mod N) gives each
+rank exactly the batches DDP and Horovod see, and the report's parity check applies. An optional
+dependency (`pip install 'hvdtrain[compare]'`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import contextlib
 import torch
 
 from hvdtrain.errors import UsageError
+from hvdtrain.torch import data
 from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, export_torch_distributed_env
 
 
@@ -57,6 +60,18 @@ class AccelerateBackend(TorchDistributedCollectives):
 
     def wrap_optimizer(self, optimizer, model, cfg):
         return self.accelerator.prepare_optimizer(optimizer)
+
+    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int):
+        return self.accelerator.prepare_data_loader(
+            data.interleaved_train_loader(dataset, cfg, self.world_size, epoch, skip_batches))
+
+    def val_loader(self, dataset, cfg):
+        # The whole set, sharded by Accelerate; it pads the last batches so that every rank has as
+        # many, and gather_for_metrics drops the padding again.
+        return self.accelerator.prepare_data_loader(data.val_loader(dataset, cfg, 0, 1))
+
+    def gather_for_metrics(self, tensors):
+        return self.accelerator.gather_for_metrics(tensors)
 
     def no_sync(self, model, optimizer, last_micro_batch: bool):
         return contextlib.nullcontext() if last_micro_batch else self.accelerator.no_sync(model)

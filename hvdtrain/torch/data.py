@@ -99,6 +99,26 @@ def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batc
                    drop_last=True, pin_memory=torch.cuda.is_available())
 
 
+def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_batches: int) -> DataLoader:
+    """One loader over every rank's batches, rank r's i-th batch at position i x world_size + r:
+    the unsharded loader a library that shards by batches (Accelerate's `prepare`: batch k to
+    rank k mod N) turns back into exactly the batches `train_loader` gives each rank."""
+    batch = cfg.batch_size * cfg.batches_per_allreduce
+    shards = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed,
+                                     drop_last=True)
+        sampler.set_epoch(epoch)
+        indices = list(sampler)
+        shards.append([indices[i:i + batch] for i in range(0, len(indices) - batch + 1, batch)][skip_batches:])
+    if isinstance(dataset, SeededSamples):
+        dataset.epoch = epoch
+    batches = [shard[i] for i in range(len(shards[0])) for shard in shards]
+    workers = _workers(dataset, cfg)
+    return DataLoader(dataset, batch_sampler=batches, num_workers=workers,
+                      worker_init_fn=ignore_stop_signals if workers else None, pin_memory=torch.cuda.is_available())
+
+
 def val_loader(dataset, cfg, rank: int, world_size: int):
     # Not a DistributedSampler: it pads with duplicates so that shards are equal. Here every
     # validation sample is seen exactly once; metrics are reduced as (sum, count).

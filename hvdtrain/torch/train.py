@@ -132,7 +132,9 @@ class Trainer(EpochTrainer):
     def _train_epoch(self):
         cfg, b, meter = self.cfg, self.backend, self.meter
         k = cfg.batches_per_allreduce
-        loader = data.train_loader(self.train_ds, cfg, self.rank, self.world_size, self.epoch, self.step_in_epoch)
+        # A backend whose library shards the data itself (Accelerate's prepare) builds the loader.
+        loader = b.train_loader(self.train_ds, cfg, self.epoch, self.step_in_epoch) if hasattr(b, "train_loader") \
+            else data.train_loader(self.train_ds, cfg, self.rank, self.world_size, self.epoch, self.step_in_epoch)
         self.model.train()
         steps = self._start_epoch()
         for i, (x, y) in enumerate(loader):
@@ -175,18 +177,26 @@ class Trainer(EpochTrainer):
     def _validate(self) -> dict:
         self.backend.average_buffers(self.raw_model)  # one set of BatchNorm statistics
         self.model.eval()
+        b = self.backend
         sums = torch.zeros(3, dtype=torch.float64)
         self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
-        for x, y in data.val_loader(self.val_ds, self.cfg, self.rank, self.world_size):
+        # Accelerate's way: its own sharded loader, every rank gathering every sample's figures
+        # (gather_for_metrics); the others: an exact shard per rank, the sums reduced once.
+        gather = getattr(b, "gather_for_metrics", None)
+        loader = b.val_loader(self.val_ds, self.cfg) if hasattr(b, "val_loader") \
+            else data.val_loader(self.val_ds, self.cfg, self.rank, self.world_size)
+        for x, y in loader:
             self.watchdog.beat(where="validating")
             x, y = x.to(self.device), y.to(self.device)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             with torch.autocast(self.device.type, enabled=self.cfg.amp):
                 out = self.model(x)
-            sums += torch.tensor([F.cross_entropy(out.float(), y, reduction="sum").item(),
-                                  (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-        total = self.backend.allreduce_sum(sums.numpy(), "val_sums")
+            losses, correct = F.cross_entropy(out.float(), y, reduction="none"), (out.argmax(1) == y)
+            if gather:
+                losses, correct = gather((losses, correct))
+            sums += torch.tensor([losses.sum().item(), correct.sum().item(), len(losses)], dtype=torch.float64)
+        total = sums.numpy() if gather else b.allreduce_sum(sums.numpy(), "val_sums")
         count = int(total[2])
         return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count, "val_count": count}
 
