@@ -16,25 +16,16 @@ import contextlib
 
 import torch
 
-from hvdtrain.errors import UsageError
 from hvdtrain.torch import data
-from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, export_torch_distributed_env
-
-
-def import_accelerate():
-    try:
-        import accelerate
-    except ImportError as err:
-        raise UsageError(f"--backend accelerate needs Hugging Face Accelerate, which is not importable ({err}); "
-                         "pip install 'hvdtrain[compare]' (bash scripts/setup.sh installs it)") from None
-    return accelerate
+from hvdtrain.torch.torch_distributed import (TorchDistributedCollectives, export_torch_distributed_env,
+                                              import_optional)
 
 
 class AccelerateBackend(TorchDistributedCollectives):
     name = "accelerate"
 
     def __init__(self, cfg, cores_per_rank: int):
-        accelerate = import_accelerate()
+        accelerate = import_optional("accelerate", "accelerate", "Hugging Face Accelerate")
         env = export_torch_distributed_env()
         threads = torch.get_num_threads()
         # Accelerate starts the process group itself (Gloo on CPUs, NCCL on GPUs).

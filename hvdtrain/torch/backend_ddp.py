@@ -6,25 +6,14 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
-from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, export_torch_distributed_env
+from hvdtrain.torch.torch_distributed import TorchDistributedCollectives
 
 
 class DDPBackend(TorchDistributedCollectives):
     name = "ddp"
 
     def __init__(self, cfg, cores_per_rank: int):
-        import torch.distributed as dist
-
-        self.dist = dist
-        env = export_torch_distributed_env()
-        # On GPUs, NCCL for the gradients and Gloo for what stays on the CPU (the metric sums and
-        # the stop vote, objects): NCCL alone fails on a CPU tensor ("No backend type associated
-        # with device type cpu"), as the first GPU run of this backend showed.
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", init_method="env://")
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
+        self._start_process_group()
 
     def wrap_model(self, model, device):
         from torch.nn.parallel import DistributedDataParallel

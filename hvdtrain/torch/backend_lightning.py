@@ -20,35 +20,23 @@ import warnings
 import torch
 
 from hvdtrain.errors import UsageError
-from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, export_torch_distributed_env
-
-
-def import_lightning():
-    try:
-        import lightning.pytorch as pl
-    except ImportError as err:
-        raise UsageError(f"--backend lightning needs PyTorch Lightning, which is not importable ({err}); "
-                         "pip install 'hvdtrain[compare]' (bash scripts/setup.sh installs it)") from None
-    return pl
+from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, import_optional
 
 
 class LightningBackend(TorchDistributedCollectives):
     name = "lightning"
 
     def __init__(self, cfg, cores_per_rank: int):
-        self.pl = import_lightning()
+        self.pl = import_optional("lightning.pytorch", "lightning", "PyTorch Lightning")
         from lightning.pytorch.strategies import DDPStrategy
 
         # Lightning's start-up banner ("GPU available: ...") and its advice about DataLoader
         # workers are about its own defaults, not this run: keep the trainer's log readable.
         logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
         warnings.filterwarnings("ignore", module="lightning")
-        env = export_torch_distributed_env()
-        self.dist = torch.distributed
+        # Started before Lightning: hvdtrain's start-up checks need it; Lightning reuses it.
+        env = self._start_process_group()
         gpu = torch.cuda.is_available()
-        self.dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo", init_method="env://")
-        self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
-        self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
         hook = None
         if cfg.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -87,13 +87,19 @@ def build_datasets(cfg):
             split.in_channels, split.num_classes, split.image_size)
 
 
-def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int):
-    # drop_last on both: every rank runs the same number of steps, or a collective would hang.
+def _epoch_sampler(dataset, cfg, rank: int, world_size: int, epoch: int) -> DistributedSampler:
+    """Rank `rank`'s shuffled shard of `epoch`. drop_last: every rank runs the same number of
+    steps, or a collective would hang."""
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     sampler.set_epoch(epoch)
     if isinstance(dataset, SeededSamples):
         dataset.epoch = epoch  # workers get a copy of the dataset when the epoch's iterator starts
+    return sampler
+
+
+def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int):
+    sampler = _epoch_sampler(dataset, cfg, rank, world_size, epoch)
     batch = cfg.batch_size * cfg.batches_per_allreduce
     return _loader(dataset, cfg, batch_size=batch, sampler=SkipSampler(sampler, skip_batches * batch),
                    drop_last=True, pin_memory=torch.cuda.is_available())
@@ -106,17 +112,10 @@ def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_bat
     batch = cfg.batch_size * cfg.batches_per_allreduce
     shards = []
     for rank in range(world_size):
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed,
-                                     drop_last=True)
-        sampler.set_epoch(epoch)
-        indices = list(sampler)
+        indices = list(_epoch_sampler(dataset, cfg, rank, world_size, epoch))
         shards.append([indices[i:i + batch] for i in range(0, len(indices) - batch + 1, batch)][skip_batches:])
-    if isinstance(dataset, SeededSamples):
-        dataset.epoch = epoch
     batches = [shard[i] for i in range(len(shards[0])) for shard in shards]
-    workers = _workers(dataset, cfg)
-    return DataLoader(dataset, batch_sampler=batches, num_workers=workers,
-                      worker_init_fn=ignore_stop_signals if workers else None, pin_memory=torch.cuda.is_available())
+    return _loader(dataset, cfg, batch_sampler=batches, pin_memory=torch.cuda.is_available())
 
 
 def val_loader(dataset, cfg, rank: int, world_size: int):

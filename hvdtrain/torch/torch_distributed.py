@@ -3,6 +3,7 @@ rendezvous from whichever launcher started the ranks, and the collectives hvdtra
 needs (hvdtrain.collectives), over the default process group (Gloo for CPU tensors)."""
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 
@@ -50,8 +51,31 @@ def export_torch_distributed_env() -> ClusterEnv:
     return env
 
 
+def import_optional(module: str, backend: str, library: str):
+    """The optional library a comparison backend needs (extra [compare]); missing, one line."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise UsageError(f"--backend {backend} needs {library}, which is not importable ({err}); "
+                         "pip install 'hvdtrain[compare]' (bash scripts/setup.sh installs it)") from None
+
+
 class TorchDistributedCollectives:
     """Needs self.dist (torch.distributed, initialised) and self.world_size."""
+
+    def _start_process_group(self) -> ClusterEnv:
+        """init_process_group over env:// from whichever launcher started this rank; sets
+        self.dist, rank, world_size, local_rank, local_world_size. On GPUs, NCCL for the gradients
+        and Gloo for what stays on the CPU (the metric sums and the stop vote, objects): NCCL alone
+        fails on a CPU tensor ("No backend type associated with device type cpu"), as the first
+        GPU run of the DDP backend showed."""
+        env = export_torch_distributed_env()
+        self.dist = torch.distributed
+        self.dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+                                     init_method="env://")
+        self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
+        self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
+        return env
 
     def backward(self, loss):
         loss.backward()
