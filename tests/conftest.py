@@ -171,20 +171,23 @@ def pytest_collection_modifyitems(config, items):
 
 def rank_pids(unique: str, rank: int) -> list[int]:
     """The pids of Open MPI rank `rank` among the python processes whose command line holds
-    `unique` (a path only this test uses)."""
-    pids = []
+    `unique` (a path only this test uses): the launcher's child, never a process the rank
+    started itself with its own command line and environment (a DataLoader worker, a fork)."""
+    matches = {}  # pid -> parent pid
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
-        except OSError:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the name may hold spaces
+        except (OSError, IndexError, ValueError):
             continue
         if argv and argv[0].endswith(b"python") and unique.encode() in argv \
                 and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
-            pids.append(int(pid))
-    return pids
+            matches[int(pid)] = ppid
+    return [pid for pid, ppid in matches.items() if ppid not in matches]
 
 
 def start_launch(launcher: str, np: int, argv: list[str], env: dict | None = None) -> subprocess.Popen:

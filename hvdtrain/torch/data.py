@@ -3,13 +3,12 @@ samplers, which take rank and world size as plain numbers."""
 from __future__ import annotations
 
 import itertools
-import signal
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
 from hvdtrain import datasets
-
+from hvdtrain.torch import workers
 
 
 class ArrayDataset(Dataset):
@@ -125,21 +124,16 @@ def val_loader(dataset, cfg, rank: int, world_size: int):
     return _loader(shard, cfg, batch_size=cfg.batch_size, shuffle=False)
 
 
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader worker start-up. Slurm signals every process of a step (scancel: SIGTERM; the
-    time-limit warning --signal=USR1@T: SIGUSR1), workers included; a worker killed by one takes
-    the main process down with it before it can checkpoint. The main process handles them
-    (hvdtrain/runtime.py) and ends the workers itself."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
-
-
 def _loader(dataset, cfg, **kwargs) -> DataLoader:
-    workers = _workers(dataset, cfg)
-    return DataLoader(dataset, num_workers=workers, worker_init_fn=ignore_stop_signals if workers else None,
-                      **kwargs)
+    if not _workers(dataset, cfg):
+        return DataLoader(dataset, num_workers=0, **kwargs)
+    return DataLoader(dataset, num_workers=cfg.num_workers, multiprocessing_context=workers.worker_context(),
+                      worker_init_fn=workers.init_worker, **kwargs)
 
 
 def _workers(dataset, cfg) -> int:
-    # In-memory arrays are indexed faster in the main process than sent from workers.
-    return 0 if isinstance(dataset, ArrayDataset) else cfg.num_workers
+    """DataLoader workers for `dataset`: none for arrays in memory (a shard of them included),
+    which the main process indexes faster than workers could send them, and which would only
+    cost a process start per epoch and per validation pass."""
+    in_memory = isinstance(dataset.dataset if isinstance(dataset, Subset) else dataset, ArrayDataset)
+    return 0 if in_memory else cfg.num_workers

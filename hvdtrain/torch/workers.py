@@ -1,0 +1,92 @@
+"""DataLoader worker processes that a rank may start at any moment: never forked from the rank
+itself, never killed by a stop signal, never outliving the rank.
+
+    loader = DataLoader(dataset, num_workers=2, multiprocessing_context=worker_context(),
+                        worker_init_fn=init_worker)
+
+Why not the default `fork`: a rank runs threads (Horovod's background loop, Gloo's, the
+watchdog, the progress bar, TensorBoard's writer), and a fork copies whatever lock one of them
+holds at that instant; the child can then hang inside `os.fork` itself (seen: a worker stuck in
+`PyOS_AfterFork_Child`, its rank waiting for it, the other rank in a collective, until the
+watchdog ended the job). Workers are created anew at every epoch and validation pass, so a long
+run meets that instant sooner or later. Here workers are forked by a *forkserver*: a fresh
+process the rank starts once (fork+exec: no Python runs between the two), single-threaded, with
+torch and the data code already imported, so a worker still starts in milliseconds.
+
+Stop signals: Slurm signals every process of a step (scancel: SIGTERM; `--signal=USR1@T`:
+SIGUSR1), and a worker killed by one takes its rank down before it can checkpoint. The forkserver
+is started with both signals blocked, and the workers it forks inherit that mask: there is no
+moment, not even between the fork and `init_worker`, at which they can die of one. The rank
+handles them (hvdtrain/runtime.py) and ends its workers itself.
+
+Lifetime: the forkserver asks for SIGKILL when the rank dies, each worker when the forkserver
+dies (Linux's parent-death signal), so no worker is left behind however the rank ends (its own
+exit, mpirun's kill, the watchdog, SIGKILL).
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from multiprocessing import forkserver, resource_tracker
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_PRELOAD = "hvdtrain.torch.worker_server"  # imported by the forkserver alone: see serve_from_here
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# Set in the forkserver (and so in every worker it forks) by serve_from_here.
+SERVER_PID: int | None = None
+
+
+def worker_context():
+    """The multiprocessing context for DataLoader workers, its forkserver running. Call it from
+    the rank's main thread: the parent-death signal fires when the thread that started the
+    forkserver ends, and the main thread lasts as long as the rank."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([_PRELOAD])
+    # Blocked here, in the thread that starts the forkserver: the mask is kept across fork and
+    # exec. A signal arriving meanwhile waits, and reaches the rank's handler at the unblock.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        # The resource tracker (a helper process the forkserver needs) is started first, as its
+        # own start unblocks SIGTERM on the way out (Python's guard for it, bpo-33613); it ignores
+        # SIGTERM itself, and inherits SIGUSR1 blocked.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return context
+
+
+def serve_from_here() -> None:
+    """Runs once, in the forkserver, when it imports its preload: die with the rank, and import
+    what every worker needs, so that workers fork with it already loaded."""
+    global SERVER_PID
+    die_with_parent()
+    SERVER_PID = os.getpid()
+    import hvdtrain.torch.data  # noqa: F401  torch and the datasets' classes
+    try:
+        import torchvision.datasets  # noqa: F401  image folders unpickle into these
+        import torchvision.transforms  # noqa: F401
+    except ImportError:
+        pass
+
+
+def init_worker(worker_id: int) -> None:
+    """DataLoader worker start-up: ignore the stop signals (they are still blocked from the
+    forkserver: none can have arrived unseen), and die with the forkserver."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    die_with_parent()
+    if SERVER_PID is not None and os.getppid() != SERVER_PID:
+        os._exit(1)  # the forkserver, so the rank, ended before the line above took effect
+
+
+def die_with_parent() -> None:
+    """Ask Linux for SIGKILL when this process's parent ends (a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))

@@ -1,0 +1,115 @@
+"""DataLoader workers without ranks (fast tier): data in memory starts no worker; workers are
+forked by a forkserver, never by the rank (a fork from a rank's threads can deadlock), are born
+with the stop signals blocked and then ignore them, and end with the process that started them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import forkserver
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.torch import data
+
+STOP_BITS = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGUSR1 - 1))
+
+
+def config(workers: int = 2) -> TrainConfig:
+    return TrainConfig(framework="torch", model="mnist_cnn", dataset="digits", batch_size=2, num_workers=workers,
+                       seed=1)
+
+
+class ProcessProbe(Dataset):
+    """Each sample: the pid and parent pid of the process that loaded it."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([os.getpid(), os.getppid()])
+
+
+def signal_masks(pid: int) -> dict[str, int]:
+    """SigBlk and SigIgn of a process, as bit masks."""
+    with open(f"/proc/{pid}/status") as f:
+        return {k: int(v, 16) for k, v in (line.split(":\t") for line in f) if k in ("SigBlk", "SigIgn")}
+
+
+def test_in_memory_data_starts_no_worker_in_training_or_validation():
+    digits = data.ArrayDataset(torch.zeros(20, 1).numpy(), torch.zeros(20, dtype=torch.int64).numpy())
+    cfg = config(workers=2)
+    assert data.train_loader(digits, cfg, 0, 2, epoch=0, skip_batches=0).num_workers == 0
+    assert data.val_loader(digits, cfg, 1, 2).num_workers == 0  # a Subset of the arrays
+    assert data.val_loader(ProcessProbe(), cfg, 1, 2).num_workers == 2  # files: workers as asked
+
+
+def test_workers_are_forked_by_the_forkserver_with_stop_signals_blocked_then_ignored():
+    loader = data.val_loader(ProcessProbe(), config(workers=2), 0, 1)
+    seen = torch.cat(list(loader))
+    server = forkserver._forkserver._forkserver_pid
+    worker_pids = {int(p) for p in seen[:, 0]}
+    assert os.getpid() not in worker_pids and len(worker_pids) == 2, worker_pids
+    # Their parent is the forkserver, a process the test's threads never forked.
+    assert {int(p) for p in seen[:, 1]} == {server}, (seen[:, 1], server)
+    # The forkserver holds SIGTERM and SIGUSR1 blocked: workers are born with them blocked.
+    assert signal_masks(server)["SigBlk"] & STOP_BITS == STOP_BITS
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # and this process is as it was
+
+
+def test_workers_ignore_stop_signals_and_end_with_the_process_that_started_them(tmp_path):
+    """A stand-in for a rank: it iterates a loader with 2 workers and waits; SIGTERM to every
+    process (as Slurm sends it) ends none of the workers; SIGKILL of the 'rank' ends them all
+    and the forkserver within seconds (torch's own check would take 5 s or more)."""
+    script = textwrap.dedent(f"""
+        import os, sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from multiprocessing import forkserver
+        from hvdtrain.torch import data
+        from test_torch_workers import ProcessProbe, config
+        it = iter(data.val_loader(ProcessProbe(), config(workers=2), 0, 1))
+        first, second = next(it), next(it)  # one batch from each worker: both have started
+        print(forkserver._forkserver._forkserver_pid, *[w.pid for w in it._workers], flush=True)
+        time.sleep(120)
+    """)
+    rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        server, *workers = map(int, rank.stdout.readline().split())
+        assert len(workers) == 2, workers
+        for pid in workers:
+            assert signal_masks(pid)["SigIgn"] & STOP_BITS == STOP_BITS, pid
+        for pid in workers:
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert all(alive(pid) for pid in workers), "a worker died of SIGTERM"
+        rank.kill()
+        rank.wait(timeout=30)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and any(map(alive, [server] + workers)):
+            time.sleep(0.05)
+        assert not any(map(alive, [server] + workers)), \
+            f"left behind after the rank's end: {[p for p in [server] + workers if alive(p)]}"
+    finally:
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped (a container's init may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-v"])
