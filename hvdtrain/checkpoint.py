@@ -9,7 +9,9 @@ from __future__ import annotations
 import glob
 import os
 import re
+import socket
 import tempfile
+import time
 
 from hvdtrain.errors import UsageError
 
@@ -17,7 +19,9 @@ FORMAT_VERSION = 1
 # Config fields that must match to resume: they change the shape or meaning of saved state.
 COMPATIBLE_KEYS = ("framework", "model", "dataset", "image_size", "optimizer", "num_classes")
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.(pt|npz)$")
-TMP_PREFIX = ".tmp-"  # atomic_write's temporary files; a crash mid-write can leave one
+TMP_PREFIX = ".tmp-hvdtrain-"  # atomic_write's temporary files: + host-pid-random
+_TMP_NAME = re.compile(r"^\.tmp-hvdtrain-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+STALE_AFTER_SECONDS = 24 * 3600  # a temporary of another host: its save ended long ago
 
 
 def current_umask() -> int:
@@ -26,12 +30,43 @@ def current_umask() -> int:
     return mask
 
 
+def temporary_prefix() -> str:
+    """The name start of this process's temporary files: whose they are, for the clean-up."""
+    return f"{TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def remove_stale_temporaries(directory: str) -> list[str]:
-    """Temporary files a crash left in `directory` (rank 0 at start-up, before it writes any)."""
-    stale = glob.glob(os.path.join(directory, TMP_PREFIX + "*")) if directory and os.path.isdir(directory) else []
-    for path in stale:
-        os.unlink(path)
-    return stale
+    """Temporary files an interrupted save of hvdtrain left in `directory` (rank 0 at start-up,
+    before it writes any): only this project's own (named by atomic_write), only plain files,
+    only when their writer is gone (a process of this host that no longer runs, or a day old).
+    A concurrent run's save in flight, and anything else, is left alone."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    removed, host, now = [], socket.gethostname(), time.time()
+    for entry in os.scandir(directory):
+        m = _TMP_NAME.match(entry.name)
+        try:
+            if not m or not entry.is_file(follow_symlinks=False):
+                continue
+            if m["host"] == host and _pid_running(int(m["pid"])):
+                continue
+            if m["host"] != host and now - entry.stat(follow_symlinks=False).st_mtime < STALE_AFTER_SECONDS:
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove: never a reason to stop a run
+        removed.append(entry.path)
+    return sorted(removed)
 
 
 def check_writable(checkpoint_dir: str | None, log_dir: str | None, result_json: str | None) -> str | None:
@@ -49,7 +84,7 @@ def check_writable(checkpoint_dir: str | None, log_dir: str | None, result_json:
             return f"{option} {directory} is a file, not a directory"
         try:
             os.makedirs(directory, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=TMP_PREFIX + "probe-", dir=directory)
+            fd, probe = tempfile.mkstemp(prefix=temporary_prefix(), dir=directory)
             os.close(fd)
             os.unlink(probe)
         except OSError as err:
@@ -78,11 +113,23 @@ def latest_checkpoint(directory: str) -> str | None:
     return ckpts[-1] if ckpts else None
 
 
+def move_aside(path: str) -> str:
+    """Rename a damaged checkpoint out of the way of every later resume (the name no longer
+    matches a checkpoint's), keeping it for a person to look at. Returns the new path."""
+    aside = f"{path}.damaged"
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{path}.damaged-{n}"
+    os.replace(path, aside)
+    return aside
+
+
 def atomic_write(path: str, write) -> None:
     """Call write(fileobj) on a temporary file beside `path`, fsync, then rename onto `path`."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(), dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -60,6 +60,7 @@ class TrainConfig:
     cycle_time_ms: float | None = None   # HOROVOD_CYCLE_TIME override
     mpi_yield: str = "auto"              # auto | on | off: OMPI_MCA_mpi_yield_when_idle
     watchdog_seconds: float | None = None  # no step for this long ends the job; None: auto; 0: off
+    divergence_factor: float = 1000.0    # a loss above this x the first one stops the run; 0: off
     allow_resize: bool = False           # resume a checkpoint written with another global batch
     world_size: int = 1                  # filled in by the trainer once the launcher is known
 
@@ -94,7 +95,8 @@ class TrainConfig:
         # Numbers that would otherwise fail deep inside torch/numpy, or train on silently.
         for option, value, low, low_ok in (("--base-lr", self.base_lr, 0.0, False), ("--momentum", self.momentum, 0.0, True),
                                            ("--weight-decay", self.weight_decay, 0.0, True),
-                                           ("--warmup-epochs", self.warmup_epochs, 0.0, True)):
+                                           ("--warmup-epochs", self.warmup_epochs, 0.0, True),
+                                           ("--divergence-factor", self.divergence_factor, 0.0, True)):
             if not math.isfinite(value) or value < low or (value == low and not low_ok):
                 problems.append(f"{option} must be a finite number {'>=' if low_ok else '>'} {low:g} (got {value:g})")
         if self.cycle_time_ms is not None and not (math.isfinite(self.cycle_time_ms) and self.cycle_time_ms > 0):
@@ -192,6 +194,9 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--watchdog-seconds", type=float, default=None,
                    help="end the job when a rank completes no step for this long (default: 20 x the slowest "
                         "step seen, at least 300 s; 0: off); see hvdtrain/watchdog.py")
+    p.add_argument("--divergence-factor", type=float, default=d.divergence_factor,
+                   help="stop, without a checkpoint, when the training loss exceeds this many times its first "
+                        "logged value (non-finite losses always stop; 0: off)")
     p.add_argument("--allow-resize", action="store_true",
                    help="resume a checkpoint written with another world size, --batch-size or "
                         "--batches-per-allreduce: LR rescaled and the position recomputed from the samples seen")

@@ -46,6 +46,7 @@ class StepMeter:
         self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
         self.timed_seconds, self.timed_samples = 0.0, 0
         self.loss_log: list[list] = []  # [global step, mean loss over the interval]
+        self.first_loss: float | None = None  # this process's first step's loss, over all ranks
 
     @property
     def images_per_sec(self) -> float | None:
@@ -71,6 +72,11 @@ class StepMeter:
         self.timed_steps += self.timing
         self.window += np.asarray(stats, dtype=np.float64)
         self.bar.update(1)
+        if self.first_loss is None:
+            # The yardstick of the divergence stop (trainer.py): the loss before any update of
+            # this run, as every rank sees it; the first interval's mean could already have diverged.
+            first = self.backend.allreduce_sum(np.asarray(stats, dtype=np.float64), "first_loss")
+            self.first_loss = float(first[0] / max(1.0, first[2]))
         if global_step % self.log_interval and global_step != self.last_step:
             return False
         reduced = self.backend.allreduce_sum(np.array([*self.window, *stop_votes(self.signal_name())]),

@@ -59,6 +59,7 @@ class EpochTrainer(abc.ABC):
         self._check_outputs()
         self.stop = StopRequest()
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
+        self.loss_reference: float | None = None  # what --divergence-factor multiplies
         self.resized: str | None = None  # how a resume with --allow-resize changed the position
         self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
                                self.cfg.log_interval, self.cfg.warmup_steps,
@@ -119,15 +120,26 @@ class EpochTrainer(abc.ABC):
         self.step_in_epoch += 1
         self.watchdog.beat(self.global_step)
         stop = self.meter.after_step(self.global_step, stats)
-        loss = self.meter.loss_log[-1][1] if self.meter.loss_log else 0.0
-        if self.meter.loss_log and self.meter.loss_log[-1][0] == self.global_step and not math.isfinite(loss):
-            # The reduced loss: every rank sees the same value and stops here together. No
-            # checkpoint: its weights would be non-finite too, and it would become the newest.
-            newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
-            raise UsageError(f"the training loss is {loss} at step {self.global_step}: training diverged (a lower "
-                             f"--base-lr?); stopped without writing a checkpoint; the newest checkpoint is "
-                             f"{newest or 'none'}")
+        if self.meter.loss_log and self.meter.loss_log[-1][0] == self.global_step:
+            self._check_divergence(self.meter.loss_log[-1][1])
         return stop
+
+    def _check_divergence(self, loss: float) -> None:
+        """The reduced loss just logged: every rank sees the same value and stops here together,
+        when it is not finite or above --divergence-factor x the run's first loss (the first
+        step's; after a resume, the first epoch's mean: a trained model's loss is no yardstick).
+        No checkpoint: its weights would be diverged too, and it would become the newest."""
+        if self.loss_reference is None:
+            self.loss_reference = self.history[0]["train_loss"] if self.history else self.meter.first_loss
+        factor = self.cfg.divergence_factor
+        if math.isfinite(loss) and not (factor and self.loss_reference > 0 and loss > factor * self.loss_reference):
+            return
+        how = "" if not math.isfinite(loss) else \
+            f", over {factor:g} x the first loss {self.loss_reference:.4g} (--divergence-factor)"
+        newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
+        raise UsageError(f"the training loss is {loss:.4g} at step {self.global_step}{how}: training diverged (a lower "
+                         f"--base-lr?); stopped without writing a checkpoint; the newest checkpoint is "
+                         f"{newest or 'none'}")
 
     def _epoch_steps(self) -> int:
         """Steps left in this epoch, within --steps."""
@@ -179,7 +191,8 @@ class EpochTrainer(abc.ABC):
 
     def _restore_on_rank0(self, load) -> tuple[str | None, object]:
         """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with `load(path)`, which returns
-        (the checkpoint's config, (epoch, step_in_epoch, global_step, history), state). Every rank
+        (the checkpoint's config, (epoch, step_in_epoch, global_step, history), state); one that
+        fails to load is moved aside, with a line, for the next older one that loads. Every rank
         learns the outcome and the position, and all fail together with the reason: an error on
         rank 0 alone would leave the others waiting in their next collective. A checkpoint of
         another global batch is refused unless --allow-resize, which recomputes the position
@@ -188,10 +201,19 @@ class EpochTrainer(abc.ABC):
         status = {"error": None, "path": None, "position": None, "resized": None}
         state = None
         if self.is_rank0 and self.cfg.checkpoint_dir:
-            path = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
-            if path is not None:
+            damaged = []  # (path, reason) of newer checkpoints that did not load
+            # Newest first; a damaged one (a crash, a full disk, a bad copy) gives way to the one
+            # before it, or a requeued job would fail at every requeue until a person came.
+            for path in reversed(ckpt.list_checkpoints(self.cfg.checkpoint_dir)):
                 try:
                     saved_config, position, state = load(path)
+                except UsageError as err:  # readable, but not for this run: no older one is either
+                    status["error"] = str(err)
+                    break
+                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
+                    damaged.append((path, f"{type(err).__name__}: {err}"))
+                    continue
+                try:
                     changes = ckpt.resize_changes(saved_config, self.cfg)
                     if changes and not self.cfg.allow_resize:
                         raise ckpt.refuse_resize(path, changes)
@@ -201,8 +223,16 @@ class EpochTrainer(abc.ABC):
                     status.update(path=path, position=position)
                 except UsageError as err:
                     status["error"] = str(err)
-                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
-                    status["error"] = f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err})"
+                break
+            if damaged and status["path"]:
+                for path, reason in damaged:
+                    aside = ckpt.move_aside(path)
+                    self.reporter.info(f"checkpoint {path} is unreadable or corrupt ({reason}): moved to {aside}; "
+                                       f"resuming from {status['path']}")
+            elif damaged and not status["error"]:
+                path, reason = damaged[0]
+                others = f"; so are the {len(damaged) - 1} older ones" if len(damaged) > 1 else ""
+                status["error"] = f"checkpoint {path} is unreadable or corrupt ({reason}){others}"
         status = self.backend.broadcast_object(status, "restore_status")
         if status["error"]:
             raise UsageError(status["error"])

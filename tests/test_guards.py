@@ -3,9 +3,11 @@ checkpoint permissions and stale temporaries, the resize arithmetic, the watchdo
 the one-line report of a corrupt sample."""
 import math
 import os
+import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -62,9 +64,31 @@ def test_checkpoints_get_the_umask_mode_and_stale_temporaries_go(tmp_path):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o640  # not mkstemp's 0600
     finally:
         os.umask(old)
-    (tmp_path / ".tmp-abc123").write_bytes(b"half a checkpoint")
-    assert ckpt.remove_stale_temporaries(str(tmp_path)) == [str(tmp_path / ".tmp-abc123")]
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-e0001-s00000010.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-e0001-s00000010.pt"]  # no temporary left
+
+
+def test_start_up_removes_only_its_own_temporaries_whose_writer_is_gone(tmp_path):
+    host, gone = socket.gethostname(), subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    day = 24 * 3600
+    files = {
+        f".tmp-hvdtrain-{host}-{gone.pid}-abcd1234": (0, True),             # its writer died: stale
+        f".tmp-hvdtrain-other-node-7-abcd1234": (2 * day, True),            # another host, 2 days old
+        f".tmp-hvdtrain-{host}-{os.getpid()}-abcd1234": (2 * day, False),   # a save in flight here
+        ".tmp-hvdtrain-other-node-7-efgh5678": (60, False),                 # one on another host
+        ".tmp-notes": (2 * day, False),                                     # a user's file
+        ".tmp-abc123": (2 * day, False),                                    # not hvdtrain's name
+    }
+    for name, (age, _) in files.items():
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+        os.utime(tmp_path / name, (time.time() - age, time.time() - age))
+    (tmp_path / f".tmp-hvdtrain-{host}-{gone.pid}-dir12345").mkdir()  # a directory of that name
+    removed = ckpt.remove_stale_temporaries(str(tmp_path))
+    assert removed == sorted(str(tmp_path / name) for name, (_, stale) in files.items() if stale)
+    assert sorted(os.listdir(tmp_path)) == sorted([n for n, (_, stale) in files.items() if not stale]
+                                                  + [f".tmp-hvdtrain-{host}-{gone.pid}-dir12345"])
+    # atomic_write's own temporaries carry that name.
+    assert ckpt.temporary_prefix() == f".tmp-hvdtrain-{host}-{os.getpid()}-"
 
 
 def test_resize_is_named_and_the_position_follows_the_samples_seen():

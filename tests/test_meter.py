@@ -16,7 +16,7 @@ class TwoRanks:
 
     def allreduce_sum(self, values, name):
         self.reductions.append(name)
-        other = np.array([*values[:3], *stop_votes(self.other_signal)])
+        other = np.array([*values[:3], *stop_votes(self.other_signal)])[:len(values)]  # stats [+ votes]
         return np.asarray(values, dtype=np.float64) + other
 
     def broadcast_object(self, obj, name):
@@ -65,7 +65,9 @@ def test_reduces_at_log_intervals_and_the_epochs_last_step_as_sums():
     for step in range(1, 6):
         m.before_step()
         assert not m.after_step(step, [2.0 * step, 1.0, 4.0])   # loss sum, correct, count
-    assert b.reductions == ["train_window", "train_window"]   # at step 3 and at the last step, 5
+    # The first step's loss once (the divergence stop's yardstick), then at step 3 and the last, 5.
+    assert b.reductions == ["first_loss", "train_window", "train_window"]
+    assert m.first_loss == 2.0 / 4.0
     assert [s for s, _ in m.loss_log] == [3, 5]
     # Interval 1-3: loss sums 2+4+6 over 12 samples on each rank -> 1.0; steps 4-5: 18 / 8.
     assert m.loss_log == [[3, 1.0], [5, 2.25]]

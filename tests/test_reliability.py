@@ -119,6 +119,41 @@ def test_diverging_run_stops_without_writing_a_checkpoint(tmp_path):
     assert list_checkpoints(ckpt_dir) == [good] and finite_weights(good)
 
 
+def test_finite_divergence_stops_without_writing_a_checkpoint(tmp_path):
+    """Adam at --base-lr 1e6 (the mnist_cnn recipe's optimizer): the loss grows to ~1e30 and
+    stays finite. It stops at the first log interval above 1000 x the first step's loss; with
+    --divergence-factor 0 the same run goes on (the option is what stops it)."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    run = launch("mpirun", 2, TORCH + DIGITS + ["--epochs", "3", "--base-lr", "1e6", "--checkpoint-dir", ckpt_dir],
+                 timeout=180, check=False)
+    lines = assert_job_failed_with(run, "x the first loss", 2)
+    assert "(--divergence-factor): training diverged (a lower --base-lr?); stopped without writing a checkpoint; " \
+           "the newest checkpoint is none" in lines[0]["message"], lines[0].group(0)
+    assert "at step 10, over 1000 x the first loss 2.3" in lines[0]["message"], lines[0].group(0)  # ln(10 classes)
+    assert list_checkpoints(ckpt_dir) == []
+    off = launch("mpirun", 2, TORCH + DIGITS + ["--steps", "20", "--base-lr", "1e6", "--divergence-factor", "0"],
+                 timeout=180)
+    assert "diverged" not in off.output
+
+
+def test_damaged_newest_checkpoint_gives_way_to_the_one_before(tmp_path):
+    """A truncated newest checkpoint (a crash, a full disk, a bad copy) must not stop a requeued
+    job for good: the resume names it, moves it aside and resumes from the one before."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    argv = TORCH + DIGITS + ["--checkpoint-dir", ckpt_dir]
+    launch("mpirun", 2, argv + ["--epochs", "2"], timeout=180)
+    first, newest = list_checkpoints(ckpt_dir)
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)
+    run = launch("mpirun", 2, argv + ["--epochs", "3"], timeout=180)
+    assert f"checkpoint {newest} is unreadable or corrupt (" in run.output, run.output[-3000:]
+    assert f"moved to {newest}.damaged; resuming from {first}" in run.output
+    assert f"resumed from {first} at epoch 1" in run.output
+    assert os.path.getsize(newest + ".damaged") < os.path.getsize(first)  # kept, for a person to look at
+    assert [os.path.basename(p)[:10] for p in list_checkpoints(ckpt_dir)] == ["ckpt-e0001", "ckpt-e0002", "ckpt-e0003"]
+    assert all(finite_weights(p) for p in list_checkpoints(ckpt_dir))
+
+
 @pytest.mark.parametrize("loop", ["custom", "fit"])
 def test_tf_diverging_run_stops_without_writing_a_checkpoint(tmp_path, loop):
     ckpt_dir = str(tmp_path / "ckpt")
