@@ -190,6 +190,41 @@ def rank_pids(unique: str, rank: int) -> list[int]:
     return [pid for pid, ppid in matches.items() if ppid not in matches]
 
 
+JOB_MARK = "HVDTRAIN_TEST_JOB"  # an environment variable every process of a test's job inherits
+
+
+def marked_env(mark: str) -> dict:
+    """base_env() with JOB_MARK=mark: the job's ranks, and whatever they start, carry it."""
+    return {**base_env(), JOB_MARK: mark}
+
+
+def processes_left(mark: str, grace: float = 5.0) -> list[str]:
+    """The processes (command lines) still running `grace` seconds from now that carry
+    JOB_MARK=mark; zombies, which only wait for their reaper, do not count."""
+    import time
+
+    needle = f"{JOB_MARK}={mark}".encode()
+    deadline = time.monotonic() + grace
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().replace(b"\0", b" ").decode(errors="replace")
+                left.append(f"{pid}: {argv[:200]}")
+            except (OSError, IndexError):
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
 def start_launch(launcher: str, np: int, argv: list[str], env: dict | None = None) -> subprocess.Popen:
     """A launch that runs in the background (its own process group), for tests that act on the
     ranks while they train; finish it with `finish_launch`."""
