@@ -7,8 +7,9 @@
     sbatch train.sbatch
 
 Everything after `--` goes to `python -m hvdtrain.torch` (or `hvdtrain.tf`) and is checked against
-that trainer's options. An argument holding `$` is written in double quotes, so the job's shell
-expands it (`'$DATA_DIR'` above); every other argument is quoted literally.
+that trainer's options. `$NAME` and `${NAME}` in an argument are left for the job's shell to expand
+(`'$DATA_DIR'` above); everything else is quoted literally, `$(...)` included. Control characters
+(a newline) are refused in every value.
 
 Every script checkpoints into its run directory and asks Slurm for SIGUSR1 `--signal-lead`
 seconds before the time limit: the trainer then checkpoints, requeues the job and exits, and the
@@ -205,6 +206,12 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
     else:
         _check_trainer_args(args.framework, trainer_args)
     hint = args.hint if args.hint is not None else (preset.hint if preset else None)
+    if hint is not None and hint not in HINTS:
+        raise UsageError(f"--hint '{hint}' is not one of sbatch's: {', '.join(HINTS)}")
+    for option in args.sbatch_option:
+        if not _SBATCH_OPTION.match(option):
+            raise UsageError(f"--sbatch-option '{option}' is not one sbatch option of the form --name or "
+                             "--name=value (no space, quote, $ or other shell character in the value)")
     partition = args.partition if args.partition is not None else (preset.partition if preset else None)
     for name in ("partition", "account", "reservation", "qos", "job_name"):
         value = getattr(args, name)
@@ -240,11 +247,25 @@ def _check_doctor_args(doctor_args: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------- the script
+_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+
+
 def _shell_word(arg: str) -> str:
-    # `$VAR` in a trainer argument is meant for the job's shell: double quotes expand it.
-    if "$" in arg and not any(c in arg for c in '"`\\'):
-        return f'"{arg}"'
-    return shlex.quote(arg)
+    """`arg` as one shell word: `$NAME` and `${NAME}` in it are meant for the job's shell and
+    expand there (in double quotes); everything else is literal, `$(...)` and backquotes too."""
+    if "$" not in arg:
+        return shlex.quote(arg)
+    if "$" not in _VARIABLE.sub("", arg) and not any(c in arg for c in '"`\\'):
+        return f'"{arg}"'  # nothing else special inside double quotes: the readable form
+    words, start = [], 0
+    for m in _VARIABLE.finditer(arg):
+        if m.start() > start:
+            words.append(shlex.quote(arg[start:m.start()]))
+        words.append(f'"{m.group(0)}"')
+        start = m.end()
+    if start < len(arg) or not words:
+        words.append(shlex.quote(arg[start:]))
+    return "".join(words)
 
 
 def _has_option(args: tuple, name: str) -> bool:
@@ -354,8 +375,24 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+HINTS = ("compute_bound", "memory_bound", "multithread", "nomultithread")  # sbatch --hint's values
+_SBATCH_OPTION = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"`$\\;|&<>()#]+)?$")
+
+
+def check_values(argv: list[str]) -> None:
+    """Every value goes into a script that a shell runs: a newline in one would end its comment
+    or its line there, and what follows would run as a command of its own."""
+    for arg in argv:
+        bad = _CONTROL.search(arg)
+        if bad:
+            raise UsageError(f"argument {arg!r} holds a control character ({bad.group(0)!r}); a job script "
+                             "cannot carry it safely")
+
+
 def generate(argv: list[str]) -> tuple[str, str | None]:
     """(script, output path or None) for the generator's command line `argv`."""
+    check_values(argv)
     ours, trainer_args = split_argv(argv)
     args = build_arg_parser().parse_args(ours)
     job = check_options(args, trainer_args)

@@ -63,6 +63,39 @@ def test_generator_writes_file_and_keeps_trainer_arguments(tmp_path):
     assert gen.generate(gen.credited_argv(script))[0] == script
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--", "--model", "mnist_cnn", "--data-dir", "/x\ntouch injected #"], "holds a control character ('\\n')"),
+    (["--job-name", "a\rb", "--"], "holds a control character ('\\r')"),
+    (["--setup", "module load x\nrm -rf ~", "--"], "holds a control character"),
+    (["--hint", "nomultithread\necho", "--"], "holds a control character"),
+    (["--hint", "nomultithread; rm -rf ~", "--"], "--hint 'nomultithread; rm -rf ~' is not one of sbatch's"),
+    (["--sbatch-option=--constraint=v100 --wrap=id", "--"], "is not one sbatch option"),
+    (["--sbatch-option=--comment=$(id)", "--"], "is not one sbatch option"),
+])
+def test_generator_refuses_values_a_shell_would_run(argv, says):
+    done = generator("--cpu-only", "--cpus-per-task", "1", "--time", "30", *argv)
+    assert done.returncode == 2 and done.stdout == "", done
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+def test_only_variables_expand_in_the_job_shell(tmp_path):
+    """`$NAME`/`${NAME}` expand on the node; `$(...)`, backquotes, quotes and a lone `$` stay
+    literal: bash itself, given the script's trainer line, must pass these exact arguments."""
+    tricky = ["$(touch pwned)", "`touch pwned`", "${HOME}/a b", 'say "hi" $', "cost$5", "$HOME$(id)", "it's"]
+    argv = ["--cpu-only", "--cpus-per-task", "1", "--time", "30", "--hint", "nomultithread",
+            "--sbatch-option=--constraint=v100-32g", "--", "--model", "mnist_cnn", "--data-dir", tricky[0]]
+    script, _ = gen.generate(argv)
+    assert "--data-dir '$(touch pwned)'" in script
+    assert "#SBATCH --constraint=v100-32g" in script and "#SBATCH --hint=nomultithread" in script
+    words = [gen._shell_word(v) for v in tricky]
+    echo = run(["bash", "-c", "printf '%s\\n' " + " ".join(words)], env={"HOME": "/home/u", "PATH": os.environ["PATH"]},
+               cwd=str(tmp_path))
+    assert echo.stdout.splitlines() == ["$(touch pwned)", "`touch pwned`", "/home/u/a b", 'say "hi" $', "cost$5",
+                                        "/home/u$(id)", "it's"]
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_there_are_templates():
     names = {os.path.basename(t) for t in TEMPLATES}
     assert {"torch-1gpu.sbatch", "torch-1node-4gpu.sbatch", "torch-nnodes-4gpu.sbatch", "torch-jeanzay-gpu_p2.sbatch",
