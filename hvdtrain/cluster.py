@@ -12,6 +12,8 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 
+from hvdtrain.errors import UsageError
+
 
 def expand_hostlist(nodelist: str) -> list[str]:
     """`node[01-03],gpu7` -> ['node01', 'node02', 'node03', 'gpu7']."""
@@ -87,6 +89,17 @@ class ClusterEnv:
         return cls("single", 0, 0, 1, 1, 1, [socket.gethostname()], job_id)
 
 
+def gpu_for_rank(local_rank: int, local_world_size: int, gpus: int) -> int:
+    """The GPU index of this rank (ranks of a node take GPUs 0..local_size-1); more ranks on the
+    node than GPUs is refused: they would share GPUs, which NCCL refuses ("Duplicate GPU") or
+    which halves each rank's speed unseen."""
+    if local_world_size > gpus:
+        raise UsageError(f"{local_world_size} ranks on this node but {gpus} visible GPU(s): hvdtrain runs one rank "
+                         f"per GPU; start {gpus} task(s) per node (srun --ntasks-per-node={gpus}, mpirun -npernode "
+                         f"{gpus}) or make the node's other GPUs visible (CUDA_VISIBLE_DEVICES)")
+    return local_rank
+
+
 def free_port() -> int:
     """A TCP port free on this host now (for a rendezvous whose port is then shared)."""
     with socket.socket() as s:
@@ -108,4 +121,11 @@ def _local_tasks(tasks_per_node: str, node_id: str, default: int) -> int:
         else:
             counts.append(int(part))
     idx = int(node_id or 0)
-    return counts[idx] if idx < len(counts) else max(1, default)
+    if not counts:
+        return max(1, default)  # not given: the even share
+    if idx >= len(counts):
+        # A fallback here would give this node's ranks another local size than Slurm's, and
+        # with it another share of the cores and GPUs.
+        raise UsageError(f"Slurm says this is node {idx} (SLURM_NODEID) of a step whose tasks per node "
+                         f"'{tasks_per_node}' list {len(counts)} node(s): the step's variables disagree")
+    return counts[idx]

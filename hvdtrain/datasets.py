@@ -79,10 +79,16 @@ def check_imagefolder(data_dir: str | None) -> list[str]:
         found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
         if not found:
             raise UsageError(f"'{root}' holds no class folders")
-        n_images = sum(1 for c in found for f in os.listdir(os.path.join(root, c))
-                       if f.lower().endswith(IMAGE_EXTENSIONS))
-        if n_images == 0:
+        counts = {c: sum(1 for f in os.listdir(os.path.join(root, c)) if f.lower().endswith(IMAGE_EXTENSIONS))
+                  for c in found}
+        if not any(counts.values()):
             raise UsageError(f"'{root}' holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        empty = [c for c, n in counts.items() if n == 0]
+        if empty:
+            # torchvision's ImageFolder would end with a traceback; a class without samples
+            # is also one the model could never learn.
+            raise UsageError(f"'{root}' has class folders without images: {', '.join(empty[:10])}"
+                             f"{' ...' if len(empty) > 10 else ''} ({', '.join(IMAGE_EXTENSIONS)})")
         if classes is None:
             classes = found
         elif found != classes:

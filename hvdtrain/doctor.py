@@ -196,7 +196,8 @@ def _mpi_library() -> str:
     try:
         from mpi4py import MPI  # after hvd.init: MPI is initialised already, mpi4py only attaches
 
-        return " ".join(MPI.Get_library_version().split("\n")[0].split())
+        # The C string comes with its terminating NUL (Open MPI 4).
+        return " ".join(MPI.Get_library_version().replace("\0", "").split("\n")[0].split())
     except Exception as err:  # noqa: BLE001
         return f"unknown ({type(err).__name__})"
 

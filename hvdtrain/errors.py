@@ -26,7 +26,10 @@ class UsageError(Exception):
 def rank_label() -> str:
     from hvdtrain.cluster import ClusterEnv
 
-    env = ClusterEnv.from_environ()
+    try:
+        env = ClusterEnv.from_environ()
+    except UsageError:  # the launcher's variables are the problem being reported
+        return f"rank {os.environ.get('SLURM_PROCID', '?')}/{os.environ.get('SLURM_NTASKS', '?')}"
     return f"rank {env.rank}/{env.world_size}"
 
 

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from hvdtrain.cluster import ClusterEnv, expand_hostlist
+from hvdtrain.cluster import ClusterEnv, expand_hostlist, gpu_for_rank
+from hvdtrain.errors import UsageError
 
 
 def _srun_environ(**extra) -> dict:
@@ -47,6 +48,11 @@ def test_cluster_env_tasks_per_node(tasks_per_node, node_id, local):
     assert env.local_world_size == local
 
 
+def test_cluster_env_refuses_a_node_past_the_tasks_per_node_list():
+    with pytest.raises(UsageError, match=r"this is node 2 \(SLURM_NODEID\) of a step whose tasks per node '4\(x2\)' list 2"):
+        ClusterEnv.from_environ(_srun_environ(SLURM_TASKS_PER_NODE="4(x2)", SLURM_NODEID="2"))
+
+
 def test_cluster_env_prefers_the_steps_own_variables():
     """A step smaller than its job (srun -n 2 inside a 4-node allocation) has its own size and nodes."""
     env = ClusterEnv.from_environ(_srun_environ(
@@ -61,3 +67,10 @@ def test_cluster_env_outside_a_step_is_not_slurm():
     del environ["SLURM_STEP_ID"]
     env = ClusterEnv.from_environ(environ)
     assert env.launcher == "single" and env.world_size == 1 and env.job_id == "4242"
+
+
+def test_one_gpu_per_rank_or_a_clear_refusal():
+    assert [gpu_for_rank(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert gpu_for_rank(0, 1, 8) == 0
+    with pytest.raises(UsageError, match=r"^4 ranks on this node but 2 visible GPU\(s\): hvdtrain runs one rank per GPU"):
+        gpu_for_rank(3, 4, 2)

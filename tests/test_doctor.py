@@ -27,6 +27,7 @@ def test_ready(launcher, np):
     assert "rank/size/local rank agree with Horovod on every rank" in out, out[-3000:]
     assert "framework ops: torch: ok; tensorflow: ok" in out, out[-3000:]
     assert "64 KiB" in out and "4 MiB" in out and "busbw" in out, out[-3000:]
+    assert "\0" not in out and re.search(r"MPI: Open MPI v\d[^\n]*\d\n", out), out[-3000:]  # no trailing NUL
     assert [line.split("hvdtrain.doctor: ", 1)[1] for line in verdict(out)] == [
         f"READY: {np} rank(s) on 1 host(s) can train with hvdtrain.tf, hvdtrain.torch"], out[-3000:]
 

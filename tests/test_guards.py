@@ -130,3 +130,14 @@ def test_bad_sample_from_a_worker_keeps_its_own_line():
                    "(UnidentifiedImageError: cannot identify image file)\n")
     assert str(BadSample(worker_text)) == "cannot read image /d/a.png (UnidentifiedImageError: cannot identify image file)"
     assert str(BadSample("cannot read image /d/b.png")) == "cannot read image /d/b.png"
+
+
+def test_an_empty_class_folder_is_named_in_one_line(tmp_path):
+    from hvdtrain.datasets import check_imagefolder, write_digits_imagefolder
+
+    root = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=1, per_class_val=1, size=8)
+    assert check_imagefolder(root) == [str(c) for c in range(10)]
+    for f in (tmp_path / "data" / "val" / "7").iterdir():
+        f.unlink()
+    with pytest.raises(UsageError, match=r"/val' has class folders without images: 7 \("):
+        check_imagefolder(root)

@@ -28,7 +28,7 @@ class HorovodBackend:
         self.tuning = start_horovod(hvd, cfg, not tf.config.list_physical_devices("GPU"), cores_per_rank)
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
-        self.device = pin_gpu(self.local_rank)
+        self.device = pin_gpu(self.local_rank, self.local_world_size)
 
     def scope(self):
         return contextlib.nullcontext()

@@ -46,7 +46,7 @@ class MWMSBackend:
         env = ClusterEnv.from_environ()
         self.rank, self.local_rank = env.rank, env.local_rank
         self.world_size, self.local_world_size = env.world_size, env.local_world_size
-        self.device = pin_gpu(self.local_rank)
+        self.device = pin_gpu(self.local_rank, self.local_world_size)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(env))
         # tf.distribute sums the replicas' gradients: each rank's loss is scaled by 1/world size.
         self.gradient_scale = 1.0 / self.strategy.num_replicas_in_sync

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hvdtrain.cluster import gpu_for_rank
+
 
 def tf_variable(v) -> tf.Variable:
     """The tf.Variable behind a Keras 3 variable (tf_keras' variables are tf.Variables already).
@@ -11,13 +13,13 @@ def tf_variable(v) -> tf.Variable:
     return v if isinstance(v, tf.Variable) else v.value
 
 
-def pin_gpu(local_rank: int) -> str:
+def pin_gpu(local_rank: int, local_world_size: int) -> str:
     """One GPU per rank (ranks of a node take GPUs 0..local_size-1); "cpu" where there is none.
     Must run before TensorFlow initialises its devices."""
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         return "cpu"
-    gpu = gpus[local_rank % len(gpus)]
+    gpu = gpus[gpu_for_rank(local_rank, local_world_size, len(gpus))]
     tf.config.set_visible_devices(gpu, "GPU")
     tf.config.experimental.set_memory_growth(gpu, True)  # do not take the whole GPU up front
     return gpu.name

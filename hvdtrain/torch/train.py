@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain import cli
+from hvdtrain.cluster import gpu_for_rank
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.report import Rank0Reporter
@@ -49,7 +50,7 @@ class Trainer(EpochTrainer):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         cfg, b = self.cfg, self.backend
-        self.device = self._pick_device(b.local_rank)
+        self.device = self._pick_device(b.local_rank, b.local_world_size)
         if cfg.amp and self.device.type != "cuda":
             raise UsageError("--amp needs a CUDA GPU; this rank has none")
 
@@ -103,10 +104,9 @@ class Trainer(EpochTrainer):
         return self.optimizer.param_groups[0]["lr"]  # what the optimizer steps with, not the scheduler's view
 
     # ------------------------------------------------------------------ set-up helpers
-    def _pick_device(self, local_rank: int) -> torch.device:
+    def _pick_device(self, local_rank: int, local_world_size: int) -> torch.device:
         if torch.cuda.is_available():
-            # One GPU per rank: ranks of a node take GPUs 0..local_size-1.
-            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            device = torch.device("cuda", gpu_for_rank(local_rank, local_world_size, torch.cuda.device_count()))
             torch.cuda.set_device(device)
             return device
         return torch.device("cpu")
