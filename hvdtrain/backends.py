@@ -36,6 +36,8 @@ class Backend:
     refusals: tuple[Refusal, ...] = ()
     compare_args: tuple[str, ...] = ()  # trainer options hvdtrain.compare adds for it
     parity_with: str | None = None      # the label of the backend whose losses it must reproduce
+    # Why its ranks listen beyond loopback even when every rank is on one host ("": they do not).
+    exposed_because: str = ""
 
     def trainer_args(self) -> list[str]:
         """The trainer command for this backend (after the Python interpreter)."""
@@ -101,7 +103,9 @@ BACKENDS: tuple[Backend, ...] = (
                         "--backend mwms runs the GradientTape loop only: use --loop custom"),
                 _horovod_only("--use-adasum", "mwms"), _horovod_only("--fp16-allreduce", "mwms"),
                 _horovod_only("--cycle-time-ms", "mwms")),
-            compare_args=("--loop", "custom"), parity_with="horovod-tf"),
+            compare_args=("--loop", "custom"), parity_with="horovod-tf",
+            exposed_because="TensorFlow's gRPC server (one per worker) binds every interface, and TensorFlow has "
+                            "no option to bind one address; keep the nodes behind the cluster's firewall"),
 )
 
 

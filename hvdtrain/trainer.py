@@ -24,7 +24,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.meter import StepMeter
-from hvdtrain.netsockets import loopback_settings
+from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
@@ -151,19 +151,27 @@ class EpochTrainer(abc.ABC):
         return steps
 
     def _log_start(self, resumed_from: str | None, loop: str = ""):
-        placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.device_name, self.threads),
-                                                  "placement")
+        # What each rank listens on once its backend has started (Gloo, a TCPStore, gRPC), beyond
+        # the loopback interface: said, and kept in the result file.
+        placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.device_name, self.threads,
+                                                   exposed(listening())), "placement")
+        self.listeners = {rank: addresses for rank, *_, addresses in placement}
         cfg = self.cfg
         self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {self.env.launcher}{loop}; "
                            f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
                            f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
-        for rank, host, device, threads in placement:
+        for rank, host, device, threads, _ in placement:
             self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
         self.reporter.info(f"config: {cfg.to_dict()}")
         self.reporter.info(f"recipe: {recipes.describe(cfg)}")
         self.reporter.info(f"backend: {self.backend.describe()}")
-        if self.network:
+        heard = {rank: addresses for rank, addresses in self.listeners.items() if addresses}
+        if self.network and not heard:
             self.reporter.info(f"every rank on this host: {self.network} (no listener beyond loopback)")
+        for rank, addresses in heard.items():
+            why = backends.get(cfg.framework, cfg.backend).exposed_because
+            self.reporter.info(f"rank {rank} listens beyond loopback on {', '.join(addresses)}"
+                               + (f": {why}" if why else ""))
         if resumed_from:
             self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
             if self.resized:
@@ -336,6 +344,7 @@ class EpochTrainer(abc.ABC):
             "final": self.history[-1] if self.history else None, "history": self.history,
             "loss_log": m.loss_log, "global_step": self.global_step, "epoch": self.epoch,
             "stopped_by": stopped_by, "requeue": requeue, "resized": self.resized, "network": self.network,
+            "listening_beyond_loopback": self.listeners,
             "versions": library_versions(), "environment": environment_fingerprint(),
         }
         if cfg.result_json and self.is_rank0:

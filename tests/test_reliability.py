@@ -285,6 +285,24 @@ def test_corrupt_image_is_named_in_one_line(tmp_path):
     assert_job_failed_with(run, f"cannot read image {bad} (", 2)
 
 
+@pytest.mark.parametrize("framework, backend", [("torch", "ddp"), ("torch", "accelerate"), ("torch", "lightning"),
+                                               ("tf", "horovod"), ("tf", "mwms")])
+def test_every_backend_says_what_its_ranks_listen_on(tmp_path, framework, backend):
+    """Each rank lists its listeners once its backend has started: on one host, none beyond
+    loopback (DDP's TCPStore, which Lightning and Accelerate share, is bound to 127.0.0.1 by
+    hvdtrain; torch's own env:// store would listen on [::]), except TensorFlow's gRPC server,
+    which cannot be bound to one address: that is said in one line per rank."""
+    result = tmp_path / "result.json"
+    run = launch("mpirun", 2, (TORCH if framework == "torch" else TF) + DIGITS + [
+        "--steps", "3", "--backend", backend, "--result-json", str(result)], timeout=240)
+    heard = json.loads(result.read_text())["listening_beyond_loopback"]
+    if backend == "mwms":
+        assert all(heard[str(r)] for r in (0, 1)), heard
+        assert run.output.count("listens beyond loopback on") == 2 and "gRPC server" in run.output
+    else:
+        assert heard == {"0": [], "1": []} and "no listener beyond loopback" in run.output, heard
+
+
 def test_ranks_on_one_host_listen_on_loopback_only(tmp_path):
     """Under mpirun on one machine Open MPI's TCP transport listened on 0.0.0.0 and [::] in every
     rank: hvdtrain keeps them off the network (shared memory between ranks of one host), and

@@ -16,9 +16,9 @@ import contextlib
 
 import torch
 
+from hvdtrain.errors import UsageError
 from hvdtrain.torch import data
-from hvdtrain.torch.torch_distributed import (TorchDistributedCollectives, export_torch_distributed_env,
-                                              import_optional)
+from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, import_optional
 
 
 class AccelerateBackend(TorchDistributedCollectives):
@@ -26,22 +26,20 @@ class AccelerateBackend(TorchDistributedCollectives):
 
     def __init__(self, cfg, cores_per_rank: int):
         accelerate = import_optional("accelerate", "accelerate", "Hugging Face Accelerate")
-        env = export_torch_distributed_env()
+        # Started before Accelerate, which adopts a started group (its PartialState), as
+        # Lightning does: the rendezvous is then hvdtrain's (loopback on one host, no port race).
+        self._start_process_group()
         threads = torch.get_num_threads()
-        # Accelerate starts the process group itself (Gloo on CPUs, NCCL on GPUs).
         self.accelerator = accelerate.Accelerator(cpu=not torch.cuda.is_available())
         # On CPUs Accelerate sets its own thread count (all cores for one process): keep the
         # trainer's, fixed and recorded for every backend alike (2 threads on a shared core made
         # one rank 10x slower and its losses differ from DDP's).
         torch.set_num_threads(threads)
         self.version = accelerate.__version__
-        self.dist = torch.distributed
-        if not self.dist.is_initialized():
-            # One process: Accelerate starts no process group, hvdtrain's collectives need one.
-            self.dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
-                                         init_method="env://")
-        self.rank, self.world_size = self.accelerator.process_index, self.accelerator.num_processes
-        self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
+        if (self.accelerator.process_index, self.accelerator.num_processes) != (self.rank, self.world_size):
+            raise UsageError(f"Accelerate sees rank {self.accelerator.process_index} of "
+                             f"{self.accelerator.num_processes}, the launcher started rank {self.rank} of "
+                             f"{self.world_size}")
 
     def wrap_model(self, model, device):
         return self.accelerator.prepare_model(model)  # DistributedDataParallel when there are ranks

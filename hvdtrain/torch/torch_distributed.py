@@ -10,44 +10,63 @@ import socket
 import numpy as np
 import torch
 
-from hvdtrain.cluster import ClusterEnv, free_port
+from hvdtrain.cluster import ClusterEnv
 from hvdtrain.errors import UsageError
 from hvdtrain.netsockets import single_host
 
 
-def ddp_rendezvous(env: ClusterEnv) -> tuple[str, int]:
-    """Master address and port for DDP without torchrun: rank 0's host, and a
-    port picked free by rank 0 and shared over MPI (srun and mpirun alike). Never a fixed constant
-    or one derived from the job id: two jobs on one node must not collide, and a port some other
-    program holds must not end the job ("srun: Force Terminated")."""
+def _store_for(env: ClusterEnv):
+    """The TCPStore the ranks meet at, when hvdtrain starts it (None: torch's env:// does): rank 0
+    listens on a socket it bound itself and still holds, so no other program can take the port
+    between its choice and the store's start (a port found free, released, then bound could be),
+    and on the loopback interface when every rank is on this host; the others learn its address
+    over MPI (srun and mpirun alike). Never a fixed port or one derived from the job id: two jobs
+    on one node must not collide ("srun: Force Terminated")."""
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        return None  # the user's rendezvous (and torchrun's) wins
     if env.launcher == "horovodrun":
         raise UsageError("--backend ddp under horovodrun needs MASTER_ADDR and MASTER_PORT exported "
                          "(or launch with mpirun, srun or torchrun)")
-    if env.launcher in ("openmpi", "slurm"):
+    if env.launcher not in ("openmpi", "slurm", "single"):
+        return None
+    local = env.world_size == 1 or single_host(env)
+    address = None
+    listener = None
+    if env.rank == 0:
+        listener = socket.create_server(("127.0.0.1" if local else "", 0), family=socket.AF_INET, backlog=128)
+        address = ("127.0.0.1" if local else socket.gethostname(), listener.getsockname()[1])
+    if env.world_size > 1:
         from mpi4py import MPI
 
-        comm = MPI.COMM_WORLD
-        host = "127.0.0.1" if single_host(env) else socket.gethostname()  # all ranks here: loopback
-        addr_port = comm.bcast((host, free_port()) if comm.rank == 0 else None, root=0)
-        return addr_port
-    return "127.0.0.1", free_port()
+        address = MPI.COMM_WORLD.bcast(address, root=0)
+    host, port = address
+    # For libraries that read them (Lightning's and Accelerate's environments).
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
+    store = torch.distributed.TCPStore(host, port, env.world_size, is_master=env.rank == 0,
+                                       master_listen_fd=listener.fileno() if listener else None,
+                                       wait_for_workers=False)
+    if listener:
+        listener.detach()  # the store owns the socket now
+    return store
 
 
-def export_torch_distributed_env() -> ClusterEnv:
-    """torch.distributed's env:// variables (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) from
-    whichever launcher started this rank; torchrun has set them already."""
+def start_process_group() -> ClusterEnv:
+    """torch.distributed's default group over whichever launcher started this rank, with the
+    env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) exported for libraries
+    that read them; torchrun has set them already. On GPUs, NCCL for the gradients and Gloo for
+    what stays on the CPU (the metric sums and the stop vote, objects): NCCL alone fails on a
+    CPU tensor ("No backend type associated with device type cpu"), as the first GPU run of the
+    DDP backend showed."""
     env = ClusterEnv.from_environ()
-    if env.launcher not in ("torchrun", "single"):
-        addr, port = ddp_rendezvous(env)
-        os.environ.update(MASTER_ADDR=str(addr), MASTER_PORT=str(port), RANK=str(env.rank),
-                          WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+    if env.launcher != "torchrun":
+        os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                           LOCAL_WORLD_SIZE=str(env.local_world_size))
-    elif env.launcher == "single":
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    store = _store_for(env)
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if store is None:
+        torch.distributed.init_process_group(backend, init_method="env://")
+    else:
+        torch.distributed.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size)
     return env
 
 
@@ -64,15 +83,9 @@ class TorchDistributedCollectives:
     """Needs self.dist (torch.distributed, initialised) and self.world_size."""
 
     def _start_process_group(self) -> ClusterEnv:
-        """init_process_group over env:// from whichever launcher started this rank; sets
-        self.dist, rank, world_size, local_rank, local_world_size. On GPUs, NCCL for the gradients
-        and Gloo for what stays on the CPU (the metric sums and the stop vote, objects): NCCL alone
-        fails on a CPU tensor ("No backend type associated with device type cpu"), as the first
-        GPU run of the DDP backend showed."""
-        env = export_torch_distributed_env()
+        """start_process_group(); sets self.dist, rank, world_size, local_rank, local_world_size."""
+        env = start_process_group()
         self.dist = torch.distributed
-        self.dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
-                                     init_method="env://")
         self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
         return env
