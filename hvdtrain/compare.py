@@ -41,6 +41,40 @@ def pick_launcher(requested: str) -> str:
     return "srun" if os.environ.get("SLURM_JOB_ID") else "mpirun"
 
 
+def end_launch(proc: subprocess.Popen, launcher: str, step_name: str, grace: float = 10.0) -> None:
+    """End a launch and everything it started: SIGTERM to its process group (mpirun and srun
+    forward it to the ranks, which stop at their next step), SIGKILL after `grace` seconds;
+    under srun the step itself is then cancelled, as a killed srun cannot end it."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    if launcher == "srun":
+        cancel_slurm_step(step_name)
+
+
+def cancel_slurm_step(step_name: str) -> None:
+    """scancel of this user's steps named `step_name` (there is no step when srun ended it)."""
+    try:
+        listed = subprocess.run(["squeue", "--steps", "--noheader", "--me", "--format=%i %j"], capture_output=True,
+                                text=True, timeout=30).stdout
+        steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [step_name]]
+        if steps:
+            subprocess.run(["scancel", "--signal=KILL", *steps], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass  # Slurm's own clean-up ends a step whose srun is gone, at the latest with the job
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> dict:
     result_path = os.path.join(out_dir, "runs", f"{tag}.json")
     log_path = os.path.join(out_dir, "runs", f"{tag}.log")
@@ -48,17 +82,22 @@ def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> di
     cmd = (launch_command(args.launcher, np, tasks_per_node=np) + [sys.executable]
            + BACKENDS[backend].trainer_args() + workload.trainer_args()
            + ["--threads-per-rank", str(args.threads_per_rank), "--log-interval", "1", "--result-json", result_path])
-    env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    step_name = f"hvdtrain-compare-{os.getpid()}-{tag}"
+    if args.launcher == "srun":
+        cmd.insert(1, f"--job-name={step_name}")  # to find the step if it must be cancelled
+    env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HVDTRAIN_COMPARE_STEP=step_name)
     started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            # The whole process group: ranks left behind would skew every later measurement.
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            # The whole job: ranks left behind would skew every later measurement.
+            end_launch(proc, args.launcher, env["HVDTRAIN_COMPARE_STEP"])
             rc = "timeout"
+        except BaseException:  # Ctrl-C, SIGTERM (see main): the job goes with us
+            end_launch(proc, args.launcher, env["HVDTRAIN_COMPARE_STEP"])
+            raise
     record = {"backend": backend, "np": np, "tag": tag, "command": cmd, "returncode": rc,
               "wall_seconds": time.time() - started, "log": log_path}
     if rc != 0 or not os.path.exists(result_path):
@@ -273,6 +312,21 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def measure(args, workload, backends: list[str], nps: list[int]) -> list[dict]:
+    measurements = []
+    for repeat in range(args.repeats):
+        for np in nps:
+            for backend in backends:  # alternated: A B C D, then A B C D again
+                tag = f"{backend}-np{np}-r{repeat}"
+                m = run_one(backend, np, args, workload, args.out, tag)
+                m["repeat"] = repeat
+                measurements.append(m)
+                status = m.get("error", "").split("\n")[0] or (
+                    f"{_fmt(m['total_images_per_sec'], '.2f')} img/s, val acc {_fmt(m['val_acc'], '.4f')}")
+                print(f"[compare] {tag}: {status} ({m['wall_seconds']:.0f} s)", flush=True)
+    return measurements
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
@@ -295,18 +349,15 @@ def main(argv=None) -> None:
         report_and_exit(err, "hvdtrain.compare")
     args.launcher = pick_launcher(args.launcher)
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    # SIGTERM (scancel of the job, a kill) ends the comparison as Ctrl-C does: through run_one's
+    # clean-up of the launch in flight.
+    signal.signal(signal.SIGTERM, _interrupt)
 
-    measurements = []
-    for repeat in range(args.repeats):
-        for np in nps:
-            for backend in backends:  # alternated: A B C D, then A B C D again
-                tag = f"{backend}-np{np}-r{repeat}"
-                m = run_one(backend, np, args, workload, args.out, tag)
-                m["repeat"] = repeat
-                measurements.append(m)
-                status = m.get("error", "").split("\n")[0] or (
-                    f"{_fmt(m['total_images_per_sec'], '.2f')} img/s, val acc {_fmt(m['val_acc'], '.4f')}")
-                print(f"[compare] {tag}: {status} ({m['wall_seconds']:.0f} s)", flush=True)
+    try:
+        measurements = measure(args, workload, backends, nps)
+    except KeyboardInterrupt:
+        print("[compare] interrupted: the launch in flight and its ranks were ended", file=sys.stderr, flush=True)
+        sys.exit(130)
 
     report = {"workload": vars(workload), "backends": backends, "nps": nps, "repeats": args.repeats,
               "threads_per_rank": args.threads_per_rank, "launcher": args.launcher,

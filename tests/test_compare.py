@@ -125,3 +125,33 @@ def test_missing_optional_backends_fail_alone_in_one_line(tmp_path):
         assert "error" in run
         log = open(run["log"]).read()
         assert f"hvdtrain.torch: error [rank 0/1]: {line}" in log and "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_comparison_leaves_no_process(tmp_path, how):
+    """Ctrl-C (SIGINT) or SIGTERM to the comparison while a launch trains: the launch runs in a
+    session of its own, so the signal does not reach it; the comparison ends it (its process
+    group: mpirun, the ranks, their workers), exits 130 and leaves nothing behind."""
+    import signal
+    import time
+
+    from conftest import marked_env, processes_left
+
+    mark = str(tmp_path)
+    proc = subprocess.Popen([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--np", "2",
+                             "--backends", "horovod-torch", "--out", str(tmp_path / "cmp")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=marked_env(mark),
+                            cwd=REPO, start_new_session=True)
+    log = tmp_path / "cmp" / "runs" / "horovod-torch-np2-r0.log"
+    try:
+        deadline = time.monotonic() + 180
+        while not (log.exists() and "epoch 1/" in log.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the launch did not start training"
+            time.sleep(0.5)
+        proc.send_signal(getattr(signal, how))
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "[compare] interrupted" in out, out[-3000:]
+    assert not processes_left(mark), processes_left(mark, grace=0)
