@@ -7,8 +7,11 @@ a name that resume would pick. The framework-specific code only supplies `write(
 from __future__ import annotations
 
 import glob
+import hashlib
+import hmac
 import os
 import re
+import secrets
 import socket
 import tempfile
 import time
@@ -122,6 +125,8 @@ def move_aside(path: str) -> str:
         n += 1
         aside = f"{path}.damaged-{n}"
     os.replace(path, aside)
+    if os.path.exists(path + SIGNATURE):
+        os.replace(path + SIGNATURE, aside + SIGNATURE)
     return aside
 
 
@@ -148,6 +153,75 @@ def atomic_write(path: str, write) -> None:
 def prune(directory: str, keep: int) -> None:
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         os.unlink(old)
+        if os.path.exists(old + SIGNATURE):
+            os.unlink(old + SIGNATURE)
+
+
+# ---------------------------------------------------------------------------------- signatures
+# torch < 2.6 can run code from a crafted file even with torch.load(weights_only=True)
+# (CVE-2025-32434), and resume loads whatever newest ckpt-*.pt a shared run directory holds. So
+# every torch checkpoint gets a signature beside it (TF's are arrays, read without pickle) (HMAC-SHA256 of its bytes under a key only its
+# user can read), and on such a torch only signed ones are loaded unless the user says otherwise.
+SIGNATURE = ".sig"
+SAFE_TORCH = (2, 6)
+
+
+def key_path() -> str:
+    return os.environ.get("HVDTRAIN_CHECKPOINT_KEY") or os.path.expanduser("~/.config/hvdtrain/checkpoint.key")
+
+
+def _key() -> bytes:
+    """This user's key, made on first use (mode 0600; the first of two racing jobs wins)."""
+    path = key_path()
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(), dir=os.path.dirname(path))  # 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)  # never over a key another job made meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _digest(path: str) -> str:
+    mac = hmac.new(_key(), digestmod=hashlib.sha256)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            mac.update(block)
+    return mac.hexdigest()
+
+
+def sign(path: str) -> None:
+    atomic_write(path + SIGNATURE, lambda f: f.write(_digest(path).encode()))
+
+
+def signed_by_this_user(path: str) -> bool:
+    try:
+        with open(path + SIGNATURE, "rb") as f:
+            return hmac.compare_digest(f.read().decode(errors="replace").strip(), _digest(path))
+    except OSError:
+        return False
+
+
+def torch_is_safe(version: str) -> bool:
+    """Whether this torch's weights_only load is safe from crafted files (>= 2.6)."""
+    numbers = re.match(r"^(\d+)\.(\d+)", version)
+    return bool(numbers) and (int(numbers[1]), int(numbers[2])) >= SAFE_TORCH
+
+
+def trust_problem(path: str, torch_version: str, trusted: bool) -> str | None:
+    """Why `path` must not be loaded by this torch, or None."""
+    if trusted or torch_is_safe(torch_version) or signed_by_this_user(path):
+        return None
+    return (f"checkpoint {path} carries no signature of this user's hvdtrain ({os.path.basename(path)}{SIGNATURE}, "
+            f"key {key_path()}), and torch {torch_version} < 2.6 can run code from a crafted checkpoint even with "
+            "weights_only=True (CVE-2025-32434): upgrade torch to 2.6 or later, or pass --trust-checkpoints if "
+            "whoever can write this directory is trusted")
 
 
 def incompatibilities(saved: dict, current: dict, extra_keys: tuple[str, ...] = ()) -> list[str]:

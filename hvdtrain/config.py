@@ -62,6 +62,7 @@ class TrainConfig:
     watchdog_seconds: float | None = None  # no step for this long ends the job; None: auto; 0: off
     divergence_factor: float = 1000.0    # a loss above this x the first one stops the run; 0: off
     allow_resize: bool = False           # resume a checkpoint written with another global batch
+    trust_checkpoints: bool = False      # torch < 2.6: load checkpoints without this user's signature
     world_size: int = 1                  # filled in by the trainer once the launcher is known
 
     @property
@@ -200,6 +201,9 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     p.add_argument("--allow-resize", action="store_true",
                    help="resume a checkpoint written with another world size, --batch-size or "
                         "--batches-per-allreduce: LR rescaled and the position recomputed from the samples seen")
+    p.add_argument("--trust-checkpoints", action="store_true",
+                   help="on torch < 2.6, also resume checkpoints that hvdtrain did not sign for this user "
+                        "(torch < 2.6 can run code from a crafted checkpoint: CVE-2025-32434)")
     p.add_argument("--horovod-tuning", default=d.horovod_tuning, choices=("auto", "off"),
                    help="auto: set Horovod/Open MPI knobs from the cores per rank (docs/horovod-overhead.md)")
     p.add_argument("--cycle-time-ms", type=float, default=None,

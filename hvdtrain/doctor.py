@@ -29,7 +29,7 @@ import time
 
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.runtime import threads_per_rank
-from hvdtrain import netsockets, tuning
+from hvdtrain import checkpoint, netsockets, tuning
 
 PROG = "hvdtrain.doctor"
 # Variables mpirun sets for its own bookkeeping: not settings anyone chose.
@@ -354,6 +354,10 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
                     f"TensorFlow {v['tensorflow'] or '-'} | tf-keras {v['tf-keras'] or '-'} | "
                     f"Horovod {v['horovod']} | mpi4py {v['mpi4py'] or '-'}")
     out("", f"MPI: {mpi_lib}")
+    if v["torch"] and not checkpoint.torch_is_safe(v["torch"]):
+        out("notice", f"torch {v['torch']} < 2.6 can run code from a crafted checkpoint even with weights_only=True "
+                      "(CVE-2025-32434): hvdtrain.torch resumes only checkpoints it signed for this user "
+                      "(--trust-checkpoints overrides); upgrade torch where the site allows")
     out("horovod", "built: " + ", ".join(f"{k} {'yes' if b else 'no'}" for k, b in built.items())
         + f" | controller in use: {controller} | checks run with {fw}'s ops")
     op_state = [f"{'torch' if f == 'torch' else 'tensorflow'}: {'ok' if f in ops else 'MISSING (' + errors[f] + ')'}"

@@ -51,3 +51,30 @@ def test_compatibility_lists_every_difference():
                      "optimizer: checkpoint 'sgd', this run 'adam'"]
     with pytest.raises(UsageError, match="checkpoint /x/c.pt does not match this run: format_version"):
         ckpt.check_compatible("/x/c.pt", {**saved, "format_version": 0}, saved)
+
+
+def test_on_torch_before_2_6_only_signed_checkpoints_load(tmp_path, monkeypatch):
+    """CVE-2025-32434: torch < 2.6 can run code from a crafted file even with weights_only=True.
+    A checkpoint hvdtrain wrote (and signed with this user's key) loads on any torch; one it did
+    not write, or one changed since, is refused there unless --trust-checkpoints."""
+    monkeypatch.setenv("HVDTRAIN_CHECKPOINT_KEY", str(tmp_path / "keys" / "checkpoint.key"))
+    mine = tmp_path / "ckpt-e0001-s00000010.pt"
+    ckpt.atomic_write(str(mine), lambda f: f.write(b"weights"))
+    ckpt.sign(str(mine))
+    assert oct((tmp_path / "keys" / "checkpoint.key").stat().st_mode & 0o777) == "0o600"
+    planted = tmp_path / "ckpt-e0009-s00000090.pt"
+    planted.write_bytes(b"a crafted pickle")
+    for version in ("2.3.1+cu121", "2.5.1", "2.14.1"):
+        assert ckpt.trust_problem(str(mine), version, trusted=False) is None
+    assert ckpt.trust_problem(str(planted), "2.6.0", trusted=False) is None     # safe torch: its own check
+    assert ckpt.trust_problem(str(planted), "2.5.1", trusted=True) is None      # the user said so
+    problem = ckpt.trust_problem(str(planted), "2.5.1", trusted=False)
+    assert problem.startswith(f"checkpoint {planted} carries no signature") and "CVE-2025-32434" in problem
+    assert "--trust-checkpoints" in problem
+    mine.write_bytes(b"weights, changed")                                       # signed, then altered
+    assert ckpt.trust_problem(str(mine), "2.3.1", trusted=False) is not None
+    # Pruning and moving aside take the signature along.
+    ckpt.sign(str(mine))
+    aside = ckpt.move_aside(str(mine))
+    assert os.path.exists(aside + ".sig") and not os.path.exists(str(mine) + ".sig")
+    assert not ckpt.torch_is_safe("2.5.1") and ckpt.torch_is_safe("2.6.0") and ckpt.torch_is_safe("10.0")

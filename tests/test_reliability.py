@@ -266,7 +266,8 @@ def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp
         [first] = list_checkpoints(str(full))
         assert_each_rank_failed_with(run, "hvdtrain.torch", f"could not write a checkpoint in {full} (", 2)
         assert f"the newest checkpoint is still {first}" in run.output, run.output[-3000:]
-        assert os.listdir(full) == [os.path.basename(first)], "no temporary file left behind"
+        assert sorted(os.listdir(full)) == [os.path.basename(first), os.path.basename(first) + ".sig"], \
+            "no temporary file left behind"
         assert finite_weights(first)
     finally:
         subprocess.run(["umount", str(full)], capture_output=True)

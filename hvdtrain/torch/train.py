@@ -117,6 +117,9 @@ class Trainer(EpochTrainer):
     def _load(self, path: str, model):
         """Rank 0: the checkpoint's model state now (before DDP wraps the model: DDP broadcasts
         rank 0's weights). Returns its position, and the state (for the optimizer, once wrapped)."""
+        distrust = ckpt.trust_problem(path, torch.__version__, self.cfg.trust_checkpoints)
+        if distrust:
+            raise UsageError(distrust)
         state = torch.load(path, map_location="cpu", weights_only=True)
         ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
                               self._checkpoint_config())
@@ -217,6 +220,7 @@ class Trainer(EpochTrainer):
         }
         path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(self.global_step, self.epoch, "pt"))
         ckpt.atomic_write(path, lambda f: torch.save(state, f))
+        ckpt.sign(path)
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")
 
