@@ -1,0 +1,117 @@
+"""A stop signal at any moment keeps its checkpoint (real ranks under mpirun and srun, each trial
+with a hard timeout): an imagefolder run with 2 DataLoader workers per rank and one-step epochs,
+so that workers start every few hundred milliseconds (training and validation), gets SIGTERM at
+a random moment, sent as Slurm sends it: to every process of the job, workers included. Every
+trial must end with "stopped by SIGTERM at step S; checkpoint written", that checkpoint on disk,
+no traceback, and no process of the job left behind.
+
+HVDTRAIN_STOP_TRIALS (default 15) sets the trials per launcher.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import (JOB_MARK, PYTHON, REPO, launcher_prefix, marked_env, processes_left)
+from hvdtrain.checkpoint import list_checkpoints
+
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
+TRIALS = int(os.environ.get("HVDTRAIN_STOP_TRIALS", "15"))
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    # 20 training images: one step of 8 per rank and epoch at 2 ranks; 10 for validation.
+    return write_digits_imagefolder(str(tmp_path_factory.mktemp("tiny") / "data"), per_class_train=2,
+                                    per_class_val=1, size=8)
+
+
+def job_pids(mark: str) -> list[int]:
+    needle = f"{JOB_MARK}={mark}".encode()
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def signal_every_process(mark: str, launcher_pid: int) -> None:
+    """SIGTERM to every process of the job but the launcher, as Slurm signals a step."""
+    for pid in job_pids(mark):
+        if pid != launcher_pid:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def trial(launcher: str, folder: str, tmp_path, seed: int) -> str:
+    """One run stopped at a random moment; returns what it did, for the summary."""
+    rng = random.Random(seed)
+    mark = str(tmp_path / f"trial-{seed}")
+    ckpt_dir = os.path.join(mark, "ckpt")
+    name = f"hvdtrain-stop-{os.getpid()}-{seed}"
+    prefix = launcher_prefix(launcher, 2)
+    if launcher == "srun":
+        prefix.insert(1, f"--job-name={name}")
+    cmd = prefix + [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "imagefolder",
+                    "--data-dir", folder, "--image-size", "8", "--batch-size", "8", "--threads-per-rank", "1",
+                    "--epochs", "500", "--num-workers", "2", "--checkpoint-dir", ckpt_dir,
+                    "--watchdog-seconds", "60"]
+    out_path = os.path.join(str(tmp_path), f"trial-{seed}.log")
+    os.makedirs(mark, exist_ok=True)
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=marked_env(mark),
+                                cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "hvdtrain.torch: epoch 1.00:" not in open(out_path).read():  # the forkserver is up
+            assert proc.poll() is None and time.monotonic() < deadline, open(out_path).read()[-3000:]
+            time.sleep(0.05)
+        # A moment within the next few epochs: each is one step, then a validation pass, each
+        # starting two workers per rank, so the draws land in worker start-ups often.
+        time.sleep(rng.uniform(0.0, 2.0))
+        if launcher == "srun":
+            subprocess.run(["scancel", "--signal=TERM", "--name", name], check=True, timeout=30)
+        else:
+            signal_every_process(mark, proc.pid)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = open(out_path).read()
+    stopped = re.search(r"stopped by SIGTERM at step (\d+); checkpoint written", text)
+    assert stopped, f"trial {seed}: no checkpoint at the stop:\n{text[-4000:]}"
+    assert "Traceback" not in text and "DataLoader worker" not in text, f"trial {seed}:\n{text[-4000:]}"
+    steps = [int(re.search(r"-s(\d+)\.pt$", p).group(1)) for p in list_checkpoints(ckpt_dir)]
+    assert int(stopped.group(1)) in steps, (seed, steps)
+    left = processes_left(mark)
+    assert not left, f"trial {seed}: left behind: {left}"
+    return f"step {stopped.group(1)}"
+
+
+def run_trials(launcher: str, folder: str, tmp_path) -> None:
+    done = [trial(launcher, folder, tmp_path, seed) for seed in range(TRIALS)]
+    print(f"{launcher}: {len(done)} stops, each with its checkpoint: {', '.join(done)}")
+
+
+def test_stop_signal_at_random_moments_under_mpirun(tiny_folder, tmp_path):
+    run_trials("mpirun", tiny_folder, tmp_path)
+
+
+def test_stop_signal_at_random_moments_under_srun(slurm_cluster, tiny_folder, tmp_path):
+    run_trials("srun", tiny_folder, tmp_path)
