@@ -53,7 +53,7 @@ def test_watchdog_ends_the_job_when_a_rank_is_frozen(tmp_path, trainer):
     ckpt_dir = tmp_path / "ckpt"
     argv = (TORCH if trainer == "torch" else TF) + DIGITS + [
         "--epochs", "200", "--checkpoint-dir", str(ckpt_dir), "--watchdog-seconds", str(WATCHDOG)]
-    proc = start_launch("mpirun", 2, argv)
+    proc = start_launch("mpirun", 2, argv, env=marked_env(str(tmp_path)))
     try:
         wait_for("the first checkpoint", lambda: list_checkpoints(str(ckpt_dir)), 240, proc)
         [pid] = rank_pids(str(ckpt_dir), 1)
@@ -72,26 +72,29 @@ def test_watchdog_ends_the_job_when_a_rank_is_frozen(tmp_path, trainer):
     assert took < WATCHDOG + 60, f"the job took {took:.0f} s to end"
     # The newest checkpoint is still the last good one (no partial write at the stop).
     assert latest_checkpoint(str(ckpt_dir)) >= newest and not glob.glob(str(ckpt_dir / ".tmp-*"))
+    assert not processes_left(str(tmp_path)), processes_left(str(tmp_path), grace=0)  # the frozen rank too
     print(f"{trainer}: rank 1 frozen; the job ended {took:.0f} s later")
 
 
 def test_watchdog_ends_the_job_when_a_rank_blocks_reading_data(tmp_path):
-    """A validation image that is a FIFO nobody writes: the rank whose shard holds it blocks in
-    open() (as on a stalled file system), the other waits for it in the allreduce."""
+    """A validation image that is a FIFO nobody writes: the DataLoader worker whose batch holds it
+    blocks in open() (as on a stalled file system), its rank waits for the worker, the other rank
+    in the allreduce. The watchdog ends the job, and the blocked worker goes with its rank."""
     from hvdtrain.datasets import write_digits_imagefolder
 
     root = tmp_path / "data"
     write_digits_imagefolder(str(root))
     os.mkfifo(root / "val" / "0" / "000-stalled.png")
     argv = TORCH + ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", str(root), "--image-size", "8",
-                    "--epochs", "2", "--batch-size", "8", "--num-workers", "0", "--threads-per-rank", "1",
+                    "--epochs", "2", "--batch-size", "8", "--num-workers", "2", "--threads-per-rank", "1",
                     "--watchdog-seconds", str(WATCHDOG)]
     started = time.monotonic()
-    run = launch("mpirun", 2, argv, timeout=WATCHDOG + 150, check=False)
+    run = launch("mpirun", 2, argv, timeout=WATCHDOG + 150, check=False, env=marked_env(str(tmp_path)))
     took = time.monotonic() - started
     assert run.returncode != 0
     assert "error [rank" in run.output and "]: no progress for" in run.output, run.output[-4000:]
     assert "validating" in run.output, run.output[-4000:]
+    assert not processes_left(str(tmp_path)), processes_left(str(tmp_path), grace=0)
     print(f"a rank blocked in open(): the job ended after {took:.0f} s in all")
 
 
