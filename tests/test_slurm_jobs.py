@@ -24,7 +24,7 @@ def test_two_task_job_trains_to_completion(uninterrupted):
     assert result["global_step"] == CPU_STEPS and result["stopped_by"] is None
     assert result["final"]["val_acc"] > 0.5, result["final"]
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1  # the ranks agree
-    checkpoints = glob.glob(os.path.join(uninterrupted["cwd"], "runs", "*", "checkpoints", "ckpt-*"))
+    checkpoints = glob.glob(os.path.join(uninterrupted["cwd"], "runs", "*", "checkpoints", "ckpt-*.pt"))
     assert max(map(os.path.basename, checkpoints)) == f"ckpt-e0003-s{CPU_STEPS:08d}.pt"
 
 
