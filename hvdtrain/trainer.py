@@ -60,6 +60,7 @@ class EpochTrainer(abc.ABC):
         self.stop = StopRequest()
         self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
         self.loss_reference: float | None = None  # what --divergence-factor multiplies
+        self.listeners: dict[int, list[str]] = {}  # rank -> addresses beyond loopback (_log_start)
         self.resized: str | None = None  # how a resume with --allow-resize changed the position
         self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
                                self.cfg.log_interval, self.cfg.warmup_steps,
@@ -234,8 +235,11 @@ class EpochTrainer(abc.ABC):
                 break
             if damaged and status["path"]:
                 for path, reason in damaged:
-                    aside = ckpt.move_aside(path)
-                    self.reporter.info(f"checkpoint {path} is unreadable or corrupt ({reason}): moved to {aside}; "
+                    try:
+                        moved = f"moved to {ckpt.move_aside(path)}"
+                    except OSError as err:  # a read-only directory: resume all the same
+                        moved = f"left in place ({err.strerror or err})"
+                    self.reporter.info(f"checkpoint {path} is unreadable or corrupt ({reason}): {moved}; "
                                        f"resuming from {status['path']}")
             elif damaged and not status["error"]:
                 path, reason = damaged[0]
