@@ -59,14 +59,17 @@ def end_launch(proc: subprocess.Popen, launcher: str, step_name: str, grace: flo
         cancel_slurm_step(step_name)
 
 
-def cancel_slurm_step(step_name: str) -> None:
-    """scancel of this user's steps named `step_name` (there is no step when srun ended it)."""
+def cancel_slurm_step(name: str) -> None:
+    """scancel of what srun started under `name` and left: a step of this allocation (the
+    comparison inside sbatch), or the job srun made for itself (outside one)."""
+    user = ["--user", str(os.getuid())]
     try:
-        listed = subprocess.run(["squeue", "--steps", "--noheader", "--me", "--format=%i %j"], capture_output=True,
+        listed = subprocess.run(["squeue", "--steps", "--noheader", *user, "--format=%i %j"], capture_output=True,
                                 text=True, timeout=30).stdout
-        steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [step_name]]
+        steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [name]]
         if steps:
             subprocess.run(["scancel", "--signal=KILL", *steps], capture_output=True, timeout=30)
+        subprocess.run(["scancel", *user, f"--name={name}"], capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         pass  # Slurm's own clean-up ends a step whose srun is gone, at the latest with the job
 

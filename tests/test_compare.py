@@ -127,19 +127,22 @@ def test_missing_optional_backends_fail_alone_in_one_line(tmp_path):
         assert f"hvdtrain.torch: error [rank 0/1]: {line}" in log and "Traceback" not in log, log[-3000:]
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
-def test_an_interrupted_comparison_leaves_no_process(tmp_path, how):
+@pytest.mark.parametrize("launcher, how", [("mpirun", "SIGINT"), ("mpirun", "SIGTERM"), ("srun", "SIGTERM")])
+def test_an_interrupted_comparison_leaves_no_process(tmp_path, request, launcher, how):
     """Ctrl-C (SIGINT) or SIGTERM to the comparison while a launch trains: the launch runs in a
     session of its own, so the signal does not reach it; the comparison ends it (its process
-    group: mpirun, the ranks, their workers), exits 130 and leaves nothing behind."""
+    group: the launcher, the ranks, their workers; under srun also the step), exits 130 and
+    leaves nothing behind."""
     import signal
     import time
 
     from conftest import marked_env, processes_left
 
+    if launcher == "srun":
+        request.getfixturevalue("slurm_cluster")
     mark = str(tmp_path)
     proc = subprocess.Popen([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--np", "2",
-                             "--backends", "horovod-torch", "--out", str(tmp_path / "cmp")],
+                             "--backends", "horovod-torch", "--launcher", launcher, "--out", str(tmp_path / "cmp")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=marked_env(mark),
                             cwd=REPO, start_new_session=True)
     log = tmp_path / "cmp" / "runs" / "horovod-torch-np2-r0.log"
@@ -154,4 +157,7 @@ def test_an_interrupted_comparison_leaves_no_process(tmp_path, how):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "[compare] interrupted" in out, out[-3000:]
-    assert not processes_left(mark), processes_left(mark, grace=0)
+    assert not processes_left(mark, grace=30), processes_left(mark, grace=0)
+    if launcher == "srun":
+        queued = subprocess.run(["squeue", "--noheader", "--format=%i %j"], capture_output=True, text=True).stdout
+        assert "hvdtrain-compare" not in queued, queued

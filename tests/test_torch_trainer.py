@@ -99,8 +99,8 @@ def test_resume_in_the_middle_of_an_epoch(tmp_path):
 
 @pytest.mark.parametrize("backend", ["ddp", "accelerate"])
 def test_comparison_backends_under_srun(tmp_path, slurm_cluster, backend):
-    """DDP's and Accelerate's rendezvous under srun: rank 0 picks a free port and shares it over MPI
-    (a port derived from the job id failed when another program held it)."""
+    """DDP's and Accelerate's rendezvous under srun: rank 0 binds a port it holds and shares it over
+    MPI (a port derived from the job id failed when another program held it)."""
     result, run = run_trainer(tmp_path, f"{backend}-srun", "srun", 2, ["--backend", backend] + DIGITS[:4] +
                               ["--steps", "5", "--threads-per-rank", "1"], timeout=240)
     assert result["backend"] == backend and result["launcher"] == "slurm" and result["world_size"] == 2
