@@ -3,6 +3,7 @@ framework (they fail within a second, on every rank alike), then train; a usage 
 becomes one line naming the rank, with exit status 2 (hvdtrain/errors.py)."""
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Callable, Iterable
 
@@ -23,4 +24,10 @@ def main(framework: str, models: Iterable[str], check_model_name: Callable[[str]
         train(cfg)
     except UsageError as err:
         report_and_exit(err, prog)
+    # The trainer is held in reference cycles; collected here, its wrapped model and with it the
+    # last reference to the process group go while the interpreter is whole. Left to the
+    # interpreter's exit, a Gloo thread finishing its last work can take the GIL as Python
+    # finalizes, and the rank aborts ("terminate called without an active exception", seen once
+    # with Accelerate after the result file was written).
+    gc.collect()
     sys.stdout.flush()

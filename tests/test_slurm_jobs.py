@@ -61,7 +61,10 @@ def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(uninterrupted
     reference = result_of(uninterrupted["cwd"], uninterrupted["job_id"])
     assert result["global_step"] == CPU_STEPS and result["stopped_by"] is None
     assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
-    assert result["final"] == reference["final"]
+    # Validation of the same final weights: the same figures. (The training loss and accuracy of
+    # the epoch the stop fell in cover only the steps after the resume.)
+    val = ("epoch", "global_step", "val_loss", "val_acc", "val_count")
+    assert {k: result["final"][k] for k in val} == {k: reference["final"][k] for k in val}
 
 
 def test_scancel_checkpoints_and_does_not_requeue(slurm_cluster, tmp_path):

@@ -78,8 +78,8 @@ def trial(launcher: str, folder: str, tmp_path, seed: int) -> str:
                                 cwd=REPO, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while "hvdtrain.torch: epoch 1.00:" not in open(out_path).read():  # the forkserver is up
-            assert proc.poll() is None and time.monotonic() < deadline, open(out_path).read()[-3000:]
+        while "hvdtrain.torch: epoch 1.00:" not in open(out_path, errors="replace").read():  # the forkserver is up
+            assert proc.poll() is None and time.monotonic() < deadline, open(out_path, errors="replace").read()[-3000:]
             time.sleep(0.05)
         # A moment within the next few epochs: each is one step, then a validation pass, each
         # starting two workers per rank, so the draws land in worker start-ups often.
@@ -93,7 +93,7 @@ def trial(launcher: str, folder: str, tmp_path, seed: int) -> str:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    text = open(out_path).read()
+    text = open(out_path, errors="replace").read()
     stopped = re.search(r"stopped by SIGTERM at step (\d+); checkpoint written", text)
     assert stopped, f"trial {seed}: no checkpoint at the stop:\n{text[-4000:]}"
     assert "Traceback" not in text and "DataLoader worker" not in text, f"trial {seed}:\n{text[-4000:]}"
