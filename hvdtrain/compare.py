@@ -88,7 +88,7 @@ def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> di
     step_name = f"hvdtrain-compare-{os.getpid()}-{tag}"
     if args.launcher == "srun":
         cmd.insert(1, f"--job-name={step_name}")  # to find the step if it must be cancelled
-    env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HVDTRAIN_COMPARE_STEP=step_name)
+    env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -96,10 +96,10 @@ def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> di
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             # The whole job: ranks left behind would skew every later measurement.
-            end_launch(proc, args.launcher, env["HVDTRAIN_COMPARE_STEP"])
+            end_launch(proc, args.launcher, step_name)
             rc = "timeout"
         except BaseException:  # Ctrl-C, SIGTERM (see main): the job goes with us
-            end_launch(proc, args.launcher, env["HVDTRAIN_COMPARE_STEP"])
+            end_launch(proc, args.launcher, step_name)
             raise
     record = {"backend": backend, "np": np, "tag": tag, "command": cmd, "returncode": rc,
               "wall_seconds": time.time() - started, "log": log_path}

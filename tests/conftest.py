@@ -198,20 +198,30 @@ def marked_env(mark: str) -> dict:
     return {**base_env(), JOB_MARK: mark}
 
 
+def marked_pids(mark: str) -> list[int]:
+    """The processes that carry JOB_MARK=mark (zombies included)."""
+    needle = f"{JOB_MARK}={mark}".encode()
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
 def processes_left(mark: str, grace: float = 5.0) -> list[str]:
     """The processes (command lines) still running `grace` seconds from now that carry
     JOB_MARK=mark; zombies, which only wait for their reaper, do not count."""
     import time
 
-    needle = f"{JOB_MARK}={mark}".encode()
     deadline = time.monotonic() + grace
     while True:
         left = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid in marked_pids(mark):
             try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if needle not in f.read().split(b"\0"):
-                        continue
                 with open(f"/proc/{pid}/stat", "rb") as f:
                     if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
                         continue

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import (JOB_MARK, PYTHON, REPO, launcher_prefix, marked_env, processes_left)
+from conftest import PYTHON, REPO, launcher_prefix, marked_env, marked_pids, processes_left
 from hvdtrain.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
@@ -35,22 +35,9 @@ def tiny_folder(tmp_path_factory):
                                     per_class_val=1, size=8)
 
 
-def job_pids(mark: str) -> list[int]:
-    needle = f"{JOB_MARK}={mark}".encode()
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(pid))
-        except OSError:
-            continue
-    return pids
-
-
 def signal_every_process(mark: str, launcher_pid: int) -> None:
     """SIGTERM to every process of the job but the launcher, as Slurm signals a step."""
-    for pid in job_pids(mark):
+    for pid in marked_pids(mark):
         if pid != launcher_pid:
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -32,7 +32,9 @@ import signal
 import sys
 from multiprocessing import forkserver, resource_tracker
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from hvdtrain.runtime import StopRequest
+
+STOP_SIGNALS = StopRequest.SIGNALS  # what the rank handles, workers must not die of
 _PRELOAD = "hvdtrain.torch.worker_server"  # imported by the forkserver alone: see serve_from_here
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
