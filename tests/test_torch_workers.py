@@ -64,6 +64,7 @@ def test_workers_are_forked_by_the_forkserver_with_stop_signals_blocked_then_ign
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # and this process is as it was
 
 
+@pytest.mark.timeout(120)  # the stand-in's readline below would wait forever for a hung child
 def test_workers_ignore_stop_signals_and_end_with_the_process_that_started_them(tmp_path):
     """A stand-in for a rank: it iterates a loader with 2 workers and waits; SIGTERM to every
     process (as Slurm sends it) ends none of the workers; SIGKILL of the 'rank' ends them all
