@@ -30,6 +30,7 @@ import time
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.runtime import threads_per_rank
 from hvdtrain import checkpoint, netsockets, tuning
+from hvdtrain.report import say
 
 PROG = "hvdtrain.doctor"
 # Variables mpirun sets for its own bookkeeping: not settings anyone chose.
@@ -67,8 +68,8 @@ class Stage:
             time.sleep(0.5)
             waited = time.monotonic() - self.started
             if waited > self.timeout:
-                print(f"{PROG}: [{self.label()}] NOT READY: stuck in '{self.name}' for {waited:.0f} s "
-                      "(a rank that never joined, or a network the ranks cannot use)", file=sys.stderr, flush=True)
+                say(f"{PROG}: [{self.label()}] NOT READY: stuck in '{self.name}' for {waited:.0f} s "
+                      "(a rank that never joined, or a network the ranks cannot use)", sys.stderr)
                 os._exit(1)
 
 
@@ -221,8 +222,8 @@ def run(args) -> int:
         versions["tensorflow"] = _version("tensorflow-cpu")
     have = {"torch": versions["torch"] is not None, "tf": versions["tensorflow"] is not None}
     if versions["horovod"] is None:
-        print(f"{PROG}: [{label()}] NOT READY: Horovod is not installed in this Python ({sys.executable}): "
-              "run scripts/setup.sh, or load the site's Horovod module", flush=True)
+        say(f"{PROG}: [{label()}] NOT READY: Horovod is not installed in this Python ({sys.executable}): "
+              "run scripts/setup.sh, or load the site's Horovod module")
         return 1
 
     # Which framework ops load: hvdtrain.torch needs horovod.torch, hvdtrain.tf horovod.tensorflow.
@@ -245,8 +246,7 @@ def run(args) -> int:
             problems.append(f"Horovod {versions['horovod']} is installed without its {name} ops ({err}): "
                             f"hvdtrain.{fw} cannot run; rebuild it with {flag}=1 (scripts/setup.sh does)")
     if not ops:
-        print(f"{PROG}: [{label()}] NOT READY: " + "; ".join(problems or ["no framework installed (torch or tensorflow)"]),
-              flush=True)
+        say(f"{PROG}: [{label()}] NOT READY: " + "; ".join(problems or ["no framework installed (torch or tensorflow)"]))
         return 1
     fw = "torch" if "torch" in ops else "tf"
     hvd = ops[fw]
@@ -347,8 +347,8 @@ def _cross_checks(reports: list[dict]) -> list[str]:
 def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, applied, already, fw, problems):
     size = reports[0]["size"]
     hosts = sorted({r["host"] for r in reports})
-    out = lambda head, text="": print(f"{head:<11}{text}", flush=True)  # noqa: E731
-    print(f"hvdtrain doctor: {size} rank(s) via {reports[0]['launcher']} on {len(hosts)} host(s)", flush=True)
+    out = lambda head, text="": say(f"{head:<11}{text}")  # noqa: E731
+    say(f"hvdtrain doctor: {size} rank(s) via {reports[0]['launcher']} on {len(hosts)} host(s)")
     v = versions
     out("versions", f"Python {v['python']} | torch {v['torch'] or '-'} | torchvision {v['torchvision'] or '-'} | "
                     f"TensorFlow {v['tensorflow'] or '-'} | tf-keras {v['tf-keras'] or '-'} | "
@@ -396,10 +396,10 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
     if problems:
         for p in problems:
             out("problem", p)
-        print(f"{PROG}: NOT READY ({len(problems)} problem(s)): " + "; ".join(problems), flush=True)
+        say(f"{PROG}: NOT READY ({len(problems)} problem(s)): " + "; ".join(problems))
     else:
         fws = ", ".join(sorted("hvdtrain.torch" if f == "torch" else "hvdtrain.tf" for f in ops))
-        print(f"{PROG}: READY: {size} rank(s) on {len(hosts)} host(s) can train with {fws}", flush=True)
+        say(f"{PROG}: READY: {size} rank(s) on {len(hosts)} host(s) can train with {fws}")
 
 
 def main(argv=None) -> None:

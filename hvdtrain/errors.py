@@ -34,7 +34,9 @@ def rank_label() -> str:
 
 
 def report_and_exit(err: BaseException, prog: str) -> None:
-    print(f"{prog}: error [{rank_label()}]: {err}", file=sys.stderr, flush=True)
+    from hvdtrain.report import say
+
+    say(f"{prog}: error [{rank_label()}]: {err}", sys.stderr)
     sys.stdout.flush()
     # os._exit: do not run Horovod's/MPI's atexit shutdown, which waits for the other ranks.
     os._exit(EXIT_USAGE)

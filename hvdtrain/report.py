@@ -11,6 +11,15 @@ import time
 import types
 
 
+def say(line: str, stream=None) -> None:
+    """One log line in one write. Under PYTHONUNBUFFERED `print` writes the text and its newline
+    separately, and mpirun's --tag-output tags each piece it reads, so a line could end with a
+    stray `[1,0]<stdout>:` and its newline arrive on the next one."""
+    stream = stream or sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
+
+
 class Rank0Reporter:
     def __init__(self, is_rank0: bool, log_dir: str | None = None, prog: str = "hvdtrain",
                  writer_factory=None):
@@ -22,7 +31,7 @@ class Rank0Reporter:
 
     def info(self, msg: str) -> None:
         if self.is_rank0:
-            print(f"[{time.strftime('%H:%M:%S')}] {self.prog}: {msg}", flush=True)
+            say(f"[{time.strftime('%H:%M:%S')}] {self.prog}: {msg}")
 
     def progress(self, total: int, desc: str):
         from tqdm import tqdm

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from hvdtrain.report import say
+
 FLOOR_SECONDS = 300.0
 STEP_FACTOR = 20.0
 EXIT_STALLED = 3
@@ -70,10 +72,10 @@ class Watchdog:
             waited, limit = time.monotonic() - self.last_beat, self.limit()
             if waited > limit:
                 how = "--watchdog-seconds" if self.fixed else f"20 x the slowest step, at least {FLOOR_SECONDS:.0f} s"
-                print(f"{self.prog}: error [rank {self.rank}/{self.world_size}]: no progress for {waited:.0f} s "
+                say(f"{self.prog}: error [rank {self.rank}/{self.world_size}]: no progress for {waited:.0f} s "
                       f"({self.where}; limit {limit:.0f} s: {how}): a rank is frozen or blocked (this one, or one "
                       f"this one waits for in a collective); ending the job, the newest checkpoint is unchanged",
-                      file=sys.stderr, flush=True)
+                    sys.stderr)
                 os._exit(EXIT_STALLED)
 
 
