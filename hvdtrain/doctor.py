@@ -28,6 +28,7 @@ import threading
 import time
 
 from hvdtrain.cluster import ClusterEnv
+from hvdtrain.horovod_ops import gpu_ops_problem
 from hvdtrain.runtime import threads_per_rank
 from hvdtrain import checkpoint, netsockets, tuning
 from hvdtrain.report import say
@@ -113,6 +114,19 @@ def gpu_problems(host: str, ranks_on_host: int, framework_gpus: int, sched_gpus:
     return problems
 
 
+def srun_mpi_hint(mpi_library: str) -> str | None:
+    """What `srun` needs for this MPI to join its tasks into one job (Slurm's --mpi plugin), or
+    None when the library is not one whose need is known. Open MPI 5 (PyPI's wheel among them)
+    has no PMI-2 support left: PMIx only."""
+    if mpi_library.startswith("Open MPI v5"):
+        return "Open MPI 5 under srun needs --mpi=pmix (srun --mpi=list shows what this Slurm has)"
+    if mpi_library.startswith("Open MPI"):
+        return "Open MPI under srun needs --mpi=pmix (or pmi2 where it was built with it)"
+    if mpi_library.startswith(("MPICH", "Intel")):
+        return "MPICH under srun needs --mpi=pmi2 (or pmix where it was built with it)"
+    return None
+
+
 def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s for an allreduce, as nccl-tests define them: busbw = algbw x 2(n-1)/n,
     the traffic each link carries, comparable across rank counts."""
@@ -121,10 +135,10 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, 
 
 
 class TorchOps:
-    def __init__(self, hvd):
+    def __init__(self, hvd, use_gpu: bool):
         import torch
         self.torch, self.hvd = torch, hvd
-        self.device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -266,7 +280,17 @@ def run(args) -> int:
     rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     label = lambda: f"rank {rank}/{size}"  # noqa: E731
     stage.label = label
-    backend = TorchOps(hvd) if fw == "torch" else TFOps(hvd)
+    gpu_problem = None
+    if fw == "torch":
+        import torch
+
+        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpu_problem = gpu_ops_problem(seen, hvd.cuda_built(), hvd.nccl_built(), versions["horovod"])
+        if gpu_problem:
+            # Checks on host tensors, so that the rest of the report still comes (a CUDA tensor
+            # handed to this Horovod would end the rank with a traceback).
+            problems.append(gpu_problem)
+    backend = TorchOps(hvd, use_gpu=fw == "torch" and seen > 0 and not gpu_problem) if fw == "torch" else TFOps(hvd)
     controller = "MPI" if hvd.mpi_enabled() else "Gloo" if hvd.gloo_enabled() else "?"
     built = {"MPI": hvd.mpi_built(), "Gloo": hvd.gloo_built(), "NCCL": hvd.nccl_built(),
              "CUDA": hvd.cuda_built()}
@@ -354,6 +378,9 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
                     f"TensorFlow {v['tensorflow'] or '-'} | tf-keras {v['tf-keras'] or '-'} | "
                     f"Horovod {v['horovod']} | mpi4py {v['mpi4py'] or '-'}")
     out("", f"MPI: {mpi_lib}")
+    hint = srun_mpi_hint(mpi_lib)
+    if hint and reports[0]["launcher"] == "slurm":
+        out("", hint)
     if v["torch"] and not checkpoint.torch_is_safe(v["torch"]):
         out("notice", f"torch {v['torch']} < 2.6 can run code from a crafted checkpoint even with weights_only=True "
                       "(CVE-2025-32434): hvdtrain.torch resumes only checkpoints it signed for this user "

@@ -31,6 +31,18 @@ def import_horovod(module: str):
     return hvd
 
 
+def gpu_ops_problem(gpus_seen: int, cuda_built: bool, nccl_built: bool, horovod_version: str = "") -> str | None:
+    """One line when this node's GPUs would meet a Horovod that cannot reduce GPU tensors: a build
+    made where no CUDA toolkit was loaded (a login node), now run on a GPU node. None otherwise."""
+    if not gpus_seen or nccl_built:
+        return None
+    what = "with CUDA but without NCCL" if cuda_built else "without CUDA and NCCL ops (a CPU build)"
+    horovod = f"Horovod {horovod_version}".strip()
+    return (f"{gpus_seen} GPU(s) here, but {horovod} is built {what}: torch's CUDA tensors cannot be reduced "
+            "with it; rebuild it for the GPU nodes where the CUDA module is loaded: bash scripts/setup.sh --gpu "
+            "(python -m hvdtrain.doctor checks)")
+
+
 def check_launcher_agrees(horovod_size: int) -> None:
     """The launcher started N ranks, but each Horovod sees a world of another size: ranks that
     would train alone, each on its own, and exit 0 (torchrun, or srun without PMIx)."""

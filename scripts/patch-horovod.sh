@@ -27,3 +27,16 @@ edit horovod/tensorflow/CMakeLists.txt '/xla_mpi_ops.cc/d' \
 edit cmake/Modules/FindPytorch.cmake \
      "s/(CUDA_HOME is not None)) else False)/(CUDA_HOME is not None) and __import__('os').environ.get('HVDTRAIN_TORCH_CPU_OPS') != '1') else False)/" \
      "CPU ops without a CUDA toolkit (HVDTRAIN_TORCH_CPU_OPS=1)" '(CUDA_HOME is not None)) else False)'
+# NCCL build: TF's GPU ops ask TF for the CUDA stream through stream_executor::gpu::AsGpuStreamValue,
+# which TF >= 2.16 no longer exports (the TF ops then fail to load: undefined symbol). The stream
+# is also what the virtual Stream::platform_specific_handle() returns; use that there.
+edit horovod/tensorflow/mpi_ops.cc \
+     's|^#endif // TENSORFLOW_VERSION >= 2011000000$|&\
+static GpuStreamHandle hvdtrain_gpu_stream(stream_executor::Stream* stream) {\
+#if TENSORFLOW_VERSION >= 2016000000\
+  return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream);\
+#else\
+  return stream_executor::gpu::AsGpuStreamValue(stream);\
+#endif\
+}|; s|stream_executor::gpu::AsGpuStreamValue(\([^s]\)|hvdtrain_gpu_stream(\1|g; s|stream_executor::gpu::AsGpuStreamValue($|hvdtrain_gpu_stream(|' \
+     "CUDA stream from Stream::platform_specific_handle (TF >= 2.16)" 'stream_executor::gpu::AsGpuStreamValue(device_context'

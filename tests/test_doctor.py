@@ -117,3 +117,27 @@ def test_bus_bandwidth_is_nccl_tests_definition():
     assert bus_bandwidth(10**9, 1.0, 2) == (1.0, 1.0)
     assert bus_bandwidth(10**9, 1.0, 4) == (1.0, 1.5)
     assert bus_bandwidth(10**9, 0.5, 8) == (2.0, 3.5)
+
+
+def test_gpu_node_with_a_horovod_built_without_gpu_ops():
+    """A Horovod built on a login node without the CUDA module, run on a GPU node: one line that
+    says so and what to do (the doctor reports it, hvdtrain.torch refuses with it)."""
+    from hvdtrain.horovod_ops import gpu_ops_problem
+
+    line = gpu_ops_problem(4, cuda_built=False, nccl_built=False, horovod_version="0.28.1")
+    assert line.startswith("4 GPU(s) here, but Horovod 0.28.1 is built without CUDA and NCCL ops"), line
+    assert "bash scripts/setup.sh --gpu" in line and "CUDA module is loaded" in line
+    assert "without NCCL" in gpu_ops_problem(1, cuda_built=True, nccl_built=False)
+    assert gpu_ops_problem(4, cuda_built=True, nccl_built=True) is None     # the NCCL build
+    assert gpu_ops_problem(0, cuda_built=False, nccl_built=False) is None   # a CPU node: nothing to say
+    assert gpu_ops_problem(0, cuda_built=True, nccl_built=True) is None     # the NCCL build on a CPU node
+
+
+def test_srun_needs_of_each_mpi():
+    from hvdtrain.doctor import srun_mpi_hint
+
+    assert "--mpi=pmix" in srun_mpi_hint("Open MPI v5.0.11, package: Open MPI ... Distribution")
+    assert "Open MPI 5" in srun_mpi_hint("Open MPI v5.0.11")
+    assert "--mpi=pmix" in srun_mpi_hint("Open MPI v4.1.4, package: Debian OpenMPI")
+    assert "--mpi=pmi2" in srun_mpi_hint("MPICH Version: 4.2.0")
+    assert srun_mpi_hint("unknown (ImportError)") is None

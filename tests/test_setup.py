@@ -9,6 +9,7 @@ Python through PYTHONPATH, as `module load` does. Nothing is mocked: set-up runs
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import re
@@ -51,13 +52,15 @@ def cluster_root(cluster_user):
     site modules (hard links into this venv's site-packages: instant, and shared read-only)."""
     root = tempfile.mkdtemp(prefix="hvdtrain-cluster-", dir="/tmp")
     os.chmod(root, 0o755)
-    bin_dir = os.path.join(root, "bin")
-    os.mkdir(bin_dir)
-    for d in ("/usr/bin", "/usr/sbin"):
-        for name in os.listdir(d):
-            if name.startswith(("apt", "dpkg")) or os.path.lexists(os.path.join(bin_dir, name)):
-                continue
-            os.symlink(os.path.join(d, name), os.path.join(bin_dir, name))
+    # bin/: the system's commands without apt/dpkg; bin-nompi/: also without any MPI.
+    for bin_name, hidden in (("bin", ("apt", "dpkg")), ("bin-nompi", ("apt", "dpkg", "mpi", "ompi", "orte", "oshmem"))):
+        bin_dir = os.path.join(root, bin_name)
+        os.mkdir(bin_dir)
+        for d in ("/usr/bin", "/usr/sbin"):
+            for name in os.listdir(d):
+                if name.startswith(hidden) or os.path.lexists(os.path.join(bin_dir, name)):
+                    continue
+                os.symlink(os.path.join(d, name), os.path.join(bin_dir, name))
     files = sh(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO).stdout.split()
     repo = os.path.join(root, "repo")
     for f in files:
@@ -88,52 +91,143 @@ def cluster_root(cluster_user):
 
 
 def as_user(user: str, root: str, module: str, command: str, extra_env: dict | None = None,
-            timeout: float = 600, hide_cuda: bool = False) -> subprocess.CompletedProcess:
-    """Run `command` (bash) as `user` with the module environment of `module`."""
+            timeout: float = 600, hide_cuda: bool = False, no_mpi: bool = False) -> subprocess.CompletedProcess:
+    """Run `command` (bash) as `user` with the module environment of `module`. hide_cuda: no CUDA
+    toolkit anywhere; no_mpi: no MPI command on PATH and Debian's Open MPI components hidden."""
     home = pwd.getpwnam(user).pw_dir
-    path = [os.path.join(root, module, "bin"), os.path.join(root, "bin")]
+    path = [os.path.join(root, module, "bin"), os.path.join(root, "bin-nompi" if no_mpi else "bin")]
     env = {"HOME": home, "USER": user, "LANG": "C.UTF-8", "PATH": os.pathsep.join(path),
            "PYTHONPATH": os.path.join(root, module, "site-packages"), "PYTHON": MODULE_PYTHON,
            "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
     env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
     env_args = [f"{k}={v}" for k, v in env.items()]
     inner = ["runuser", "-u", user, "--", "env", "-i", *env_args, "bash", "-c", command]
-    if hide_cuda:
-        # This image ships a CUDA toolkit that a CPU cluster node (or a bare Debian) lacks: hide it
-        # in a private mount namespace for this command only.
+    if hide_cuda or no_mpi:
+        # This image ships a CUDA toolkit and Open MPI that a CPU cluster node (or a laptop, a
+        # container) lacks: hide them in a private mount namespace for this command only.
+        dirs = []
+        if hide_cuda:
+            # CMake also looks in /usr/local/bin, whatever PATH says: hide that folder too.
+            dirs += ["/usr/local/cuda-*", "/usr/local/bin"]
+        if no_mpi:
+            dirs += ["/usr/lib/x86_64-linux-gnu/openmpi", "/usr/include/x86_64-linux-gnu/openmpi"]
         hide = ("set -e; mount --make-rprivate /; e=$(mktemp -d); chmod 755 \"$e\"; "
-                "for d in /usr/local/cuda-*; do [ -d \"$d\" ] && mount --bind \"$e\" \"$d\"; done; "
-                # CMake also looks in /usr/local/bin, whatever PATH says: hide that folder too.
-                "mount --bind \"$e\" /usr/local/bin; "
+                f"for d in {' '.join(dirs)}; do [ -d \"$d\" ] && mount --bind \"$e\" \"$d\"; done; "
                 "exec \"$@\"")
-        inner = ["unshare", "--mount", "--", "bash", "-c", hide, "hide-cuda", *inner]
+        inner = ["unshare", "--mount", "--", "bash", "-c", hide, "hide", *inner]
     return subprocess.run(inner, capture_output=True, text=True, timeout=timeout, cwd=root)
 
 
-def check_build_marks(output: str) -> None:
-    for fw in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
+def check_build_marks(output: str, marks=("TensorFlow", "PyTorch", "MPI", "Gloo")) -> None:
+    for fw in marks:
         assert f"[X] {fw}" in output, f"{fw} not marked:\n{output[-4000:]}"
 
 
+# What makes set-up build another Horovod (or venv): a cache made by an earlier run of a test is
+# reused only while these are unchanged, and always made afresh on a cold machine.
+BUILD_INPUTS = ["scripts/setup.sh", "scripts/stack.py", "scripts/patch-horovod.sh", "scripts/env.sh",
+                "constraints/debian12-py311.txt", "pyproject.toml"]
+
+
+class BuildCache:
+    """A test's set-up cache ($HVDTRAIN_CACHE), emptied unless the last run that filled it passed
+    with the same build inputs. `fresh` says whether set-up builds from nothing this time."""
+
+    def __init__(self, user: str, name: str):
+        digest = hashlib.sha256()
+        for f in BUILD_INPUTS:
+            with open(os.path.join(REPO, f), "rb") as fh:
+                digest.update(f.encode() + b"\0" + fh.read())
+        self.key = digest.hexdigest()
+        home = pwd.getpwnam(user).pw_dir
+        self.path, self.stamp = f"{home}/cache-{name}", f"{home}/cache-{name}.inputs"
+        kept = os.path.isdir(self.path) and os.path.exists(self.stamp) and open(self.stamp).read() == self.key
+        self.fresh = not kept
+        if self.fresh:
+            shutil.rmtree(self.path, ignore_errors=True)
+            if os.path.exists(self.stamp):
+                os.remove(self.stamp)
+
+    def passed(self) -> None:
+        with open(self.stamp, "w") as f:
+            f.write(self.key)
+
+
 def test_no_apt_and_no_cuda_toolkit_builds_horovod(cluster_user, cluster_root):
-    """Non-root, no apt/dpkg on PATH, Open MPI on PATH, no CUDA toolkit anywhere, torch and TF
-    from a module: set-up builds Horovod itself (the build is what is tested here) and
-    `horovodrun --check-build` marks TensorFlow, PyTorch, MPI and Gloo."""
+    """Non-root, no apt/dpkg on PATH, Open MPI on PATH, no CUDA toolkit anywhere, torch (a CUDA
+    build) and TF from a module: set-up decides on CPU ops and says why, builds Horovod itself
+    and `horovodrun --check-build` marks TensorFlow, PyTorch, MPI and Gloo. The build is redone
+    whenever set-up's inputs changed (BUILD_INPUTS), and always on a cold machine."""
     probe = as_user(cluster_user, cluster_root, "module-frameworks",
                     "id -u; command -v apt-get dpkg apt dpkg-query || echo no-apt; command -v nvcc || echo no-nvcc; "
                     "ls /usr/local/cuda/bin/nvcc 2>&1 || true; command -v mpicc mpirun", hide_cuda=True)
     assert probe.stdout.split()[0] != "0" and "no-apt" in probe.stdout and "no-nvcc" in probe.stdout, probe
     assert "No such file" in probe.stdout and "/mpicc" in probe.stdout, probe.stdout
-    cache = f"{pwd.getpwnam(cluster_user).pw_dir}/cache-build"
+    cache = BuildCache(cluster_user, "build")
     run = as_user(cluster_user, cluster_root, "module-frameworks",
-                  f"rm -rf {cache}; HVDTRAIN_CACHE={cache} bash repo/scripts/setup.sh", timeout=1500, hide_cuda=True)
+                  f"HVDTRAIN_CACHE={cache.path} bash repo/scripts/setup.sh", timeout=1500, hide_cuda=True)
     out = run.stdout + run.stderr
     print(out)  # shown by pytest -rP: what a user of such a machine sees
     assert run.returncode == 0, out[-6000:]
     assert "cluster mode: nothing is installed system-wide" in out
-    assert "step 'horovod-build': building horovod-0.28.1-torch" in out and "-cpu-p" in out, out[-3000:]
+    assert ("GPU ops: cpu -- torch is a CUDA 13.0 build but no CUDA toolkit is loaded and no GPU is here: "
+            "load the CUDA module") in out, out[-3000:]
+    built = "step 'horovod-build': building horovod-0.28.1-torch" if cache.fresh else "step 'horovod-build': cached wheel"
+    assert built in out and "-cpu-p" in out, out[-3000:]
     check_build_marks(out)
+    assert "[X] NCCL" not in out, out[-3000:]
     assert not re.search(r"\b(apt|apt-get|dpkg|dpkg-query)\b", out), "set-up mentioned apt/dpkg on a machine without them:\n" + out
+    cache.passed()
+
+
+def test_no_mpi_and_no_cuda_toolkit_gpu_build_from_pypi(cluster_user, cluster_root):
+    """A GPU box without modules (or a container): no MPI and no CUDA toolkit anywhere, torch (a
+    CUDA build) from a module. `setup.sh --gpu` installs Open MPI 5 from PyPI into the venv and
+    NVIDIA's compiler from PyPI, builds Horovod with NCCL against both; check-build marks NCCL,
+    horovod.torch imports on this GPU-less machine with nccl_built() true, the doctor reports the
+    build and that MPI, and digits trains under that MPI's mpirun and horovodrun at np 2."""
+    probe = as_user(cluster_user, cluster_root, "module-frameworks",
+                    "command -v mpicc mpirun mpiexec nvcc || echo none; ls /usr/lib/x86_64-linux-gnu/openmpi | wc -l",
+                    hide_cuda=True, no_mpi=True)
+    assert probe.stdout.split() == ["none", "0"], probe
+    cache = BuildCache(cluster_user, "pypi-gpu")
+    venv = f"{cache.path}/venv-py311"
+    run = as_user(cluster_user, cluster_root, "module-frameworks",
+                  f"HVDTRAIN_CACHE={cache.path} bash repo/scripts/setup.sh --frameworks torch --gpu",
+                  timeout=1500, hide_cuda=True, no_mpi=True)
+    out = run.stdout + run.stderr
+    print(out)
+    assert run.returncode == 0, out[-6000:]
+    assert "MPI: Open MPI from PyPI into the venv (no mpicc on PATH)" in out, out[-3000:]
+    assert "GPU ops: nccl -- asked for (--gpu); torch is a CUDA 13.0 build" in out, out[-3000:]
+    assert f"CUDA toolkit from PyPI at {cache.path}/cuda-pypi-13.0" in out or "step 'cuda-pypi' done" in out, out[-3000:]
+    assert re.search(r"horovod-0\.28\.1-torch[\d.]+-tfnone-py311-openmpi5[\d.]+-nccl-cu13\.0-p", out), out[-3000:]
+    check_build_marks(out, ("PyTorch", "MPI", "Gloo", "NCCL"))
+
+    code = ("import horovod.torch as hvd; print('BUILT', hvd.nccl_built(), hvd.cuda_built(), hvd.mpi_built())")
+    built = as_user(cluster_user, cluster_root, "module-frameworks", f"{venv}/bin/python -c \"{code}\"",
+                    hide_cuda=True, no_mpi=True, timeout=120)
+    assert "BUILT True True True" in built.stdout, built.stdout + built.stderr
+    mpirun = f"{venv}/bin/mpirun -np 2 --oversubscribe"
+    doctor = as_user(cluster_user, cluster_root, "module-frameworks",
+                     f"cd repo && timeout 120 {mpirun} {venv}/bin/python -m hvdtrain.doctor --framework torch",
+                     hide_cuda=True, no_mpi=True, timeout=180)
+    dout = doctor.stdout + doctor.stderr
+    assert doctor.returncode == 0, dout[-4000:]
+    assert "built: MPI yes, Gloo yes, NCCL yes, CUDA yes" in dout and "MPI: Open MPI v5" in dout, dout[-4000:]
+    assert "hvdtrain.doctor: READY: 2 rank(s)" in dout, dout[-4000:]
+    for launch in (mpirun, f"{venv}/bin/horovodrun -np 2 -H localhost:2"):
+        train = as_user(cluster_user, cluster_root, "module-frameworks",
+                        f"cd repo && PATH={venv}/bin:$PATH timeout 300 {launch} {venv}/bin/python -m hvdtrain.torch "
+                        f"--model mnist_cnn --dataset digits --optimizer adam --base-lr 0.003 --epochs 4 "
+                        f"--threads-per-rank 1 --result-json {cache.path}/digits.json "
+                        f"&& {venv}/bin/python -c \"import json; r = json.load(open('{cache.path}/digits.json')); "
+                        "print('ACC', r['final']['val_acc'], r['world_size'])\"",
+                        hide_cuda=True, no_mpi=True, timeout=360)
+        assert train.returncode == 0, (launch, (train.stdout + train.stderr)[-4000:])
+        acc, world = train.stdout.split("ACC")[-1].split()
+        assert world == "2" and float(acc) > 0.85, (launch, train.stdout[-2000:])
+    cache.passed()
 
 
 def _stack(user, root, module, venv) -> str:

@@ -11,7 +11,8 @@ import contextlib
 import numpy as np
 import torch
 
-from hvdtrain.horovod_ops import import_horovod, start_horovod
+from hvdtrain.errors import UsageError
+from hvdtrain.horovod_ops import gpu_ops_problem, import_horovod, start_horovod
 
 
 class HorovodBackend:
@@ -19,6 +20,10 @@ class HorovodBackend:
 
     def __init__(self, cfg, cores_per_rank: int):
         self.hvd = hvd = import_horovod("horovod.torch")
+        problem = gpu_ops_problem(torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                                  hvd.cuda_built(), hvd.nccl_built(), getattr(hvd, "__version__", ""))
+        if problem:
+            raise UsageError(problem)
         self.tuning = start_horovod(hvd, cfg, not torch.cuda.is_available(), cores_per_rank)
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
