@@ -1,5 +1,6 @@
-"""The same workload under Horovod-torch, torch DDP, Horovod-TF and tf.distribute's
-MultiWorkerMirroredStrategy, measured fairly, with a report.
+"""The same workload under every backend of hvdtrain/backends.py (Horovod-torch, torch DDP,
+PyTorch Lightning, Hugging Face Accelerate, Horovod-TF and tf.distribute's
+MultiWorkerMirroredStrategy), measured fairly, with a report.
 
     python -m hvdtrain.compare --workload digits-cnn --np 1,2 --out runs/compare
     python -m hvdtrain.compare --workload resnet18-synthetic --np 1,2 --repeats 3 --out runs/r18
@@ -27,7 +28,8 @@ from hvdtrain.launch import launch_command, launch_env
 from hvdtrain.results import environment_fingerprint, library_versions, write_json
 from hvdtrain.workloads import WORKLOADS, get_workload
 
-# Every backend of hvdtrain/backends.py, by its report label (horovod-torch, ddp, horovod-tf, tf-mwms).
+# Every backend of hvdtrain/backends.py, by its report label (horovod-torch, ddp, lightning,
+# accelerate, horovod-tf, tf-mwms).
 BACKENDS = {b.label: b for b in backends.BACKENDS}
 # torchrun starts torch.distributed's own rendezvous only: the torch backends other than Horovod.
 TORCHRUN_BACKENDS = tuple(b.label for b in backends.BACKENDS if b.framework == "torch" and b.name != "horovod")

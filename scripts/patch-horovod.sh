@@ -18,6 +18,12 @@ edit horovod/torch/CMakeLists.txt 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_ST
 # With C++20 the torch ops must link the C++17 gloo target, else gloo symbols are defined twice.
 edit horovod/torch/CMakeLists.txt 's/list(APPEND PYTORCH_LINKER_LIBS gloo)/list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)/' \
      "link compatible17_gloo" 'list(APPEND PYTORCH_LINKER_LIBS gloo)'
+# That target is only made when TF asks for it: make it for the torch ops too (a torch-only build,
+# --frameworks torch, would fail to link -lcompatible17_gloo), with torch's ABI when TF is absent.
+edit CMakeLists.txt 's/^if(HAVE_GLOO AND (DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17))$/if(HAVE_GLOO AND ((DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17) OR DEFINED Pytorch_CXX11))/' \
+     "C++17 gloo for torch-only builds" 'if(HAVE_GLOO AND (DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17))'
+edit CMakeLists.txt 's/^    if (Tensorflow_CXX11)$/    if (Tensorflow_CXX11 OR (NOT DEFINED Tensorflow_CXX11 AND Pytorch_CXX11))/' \
+     "C++17 gloo with torch's ABI without TF" '^    if (Tensorflow_CXX11)$'
 # TF 2.21 no longer ships the XLA headers the optional XLA custom-call ops include.
 edit horovod/tensorflow/CMakeLists.txt '/xla_mpi_ops.cc/d' \
      "drop optional XLA ops" 'xla_mpi_ops.cc'
@@ -40,3 +46,9 @@ static GpuStreamHandle hvdtrain_gpu_stream(stream_executor::Stream* stream) {\
 #endif\
 }|; s|stream_executor::gpu::AsGpuStreamValue(\([^s]\)|hvdtrain_gpu_stream(\1|g; s|stream_executor::gpu::AsGpuStreamValue($|hvdtrain_gpu_stream(|' \
      "CUDA stream from Stream::platform_specific_handle (TF >= 2.16)" 'stream_executor::gpu::AsGpuStreamValue(device_context'
+# horovodrun under Open MPI 5 (PyPI's wheel, current sites): its prterun no longer reads the
+# single-dash long options Horovod passes (`-bind-to none` made it look for a program "none").
+# The double-dash spellings work on Open MPI 4 and 5 alike; MPICH's hydra keeps its own.
+edit horovod/runner/mpi_run.py \
+     "s/return list(_OMPI_FLAGS), list(_NO_BINDING_ARGS), _OMPI_IMPL/return list(_OMPI_FLAGS), ['--bind-to none', '--map-by slot'], _OMPI_IMPL/; s/'-mca /'--mca /g; s/f'-mca /f'--mca /g" \
+     "Open MPI 5 option spellings for horovodrun" "return list(_OMPI_FLAGS), list(_NO_BINDING_ARGS), _OMPI_IMPL"

@@ -404,3 +404,6 @@ if [ "$GPU" = 1 ] && ! echo "$check" | grep -Eq "\[X\] NCCL"; then
 fi
 say "ready ($MODE): venv $HVDTRAIN_VENV (linked as .venv), frameworks: $FRAMEWORKS, Horovod: $( [ "$USE_SITE_HOROVOD" = 1 ] && echo "the site's" || echo "$HVD_KEY")"
 say "next: python -m hvdtrain.doctor (alone, or under srun/mpirun) checks the whole stack in seconds"
+if [ "$MPI" = pypi ]; then
+    say "MPI is the venv's Open MPI: start jobs with $HVDTRAIN_VENV/bin/mpirun (or its bin first on PATH); under srun use --mpi=pmix"
+fi
