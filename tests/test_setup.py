@@ -96,8 +96,11 @@ def as_user(user: str, root: str, module: str, command: str, extra_env: dict | N
     toolkit anywhere; no_mpi: no MPI command on PATH and Debian's Open MPI components hidden."""
     home = pwd.getpwnam(user).pw_dir
     path = [os.path.join(root, module, "bin"), os.path.join(root, "bin-nompi" if no_mpi else "bin")]
+    # As a module file does, LD_LIBRARY_PATH names the module's libraries: the copied Horovod's
+    # NCCL ops were linked with a run path into root's venv, which this user cannot read.
     env = {"HOME": home, "USER": user, "LANG": "C.UTF-8", "PATH": os.pathsep.join(path),
            "PYTHONPATH": os.path.join(root, module, "site-packages"), "PYTHON": MODULE_PYTHON,
+           "LD_LIBRARY_PATH": os.path.join(root, module, "site-packages", "nvidia", "nccl", "lib"),
            "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
     env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
     env_args = [f"{k}={v}" for k, v in env.items()]
