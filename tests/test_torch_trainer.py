@@ -75,6 +75,12 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
     first, _ = run_trainer(tmp_path, "part1", "mpirun", 2,
                            common + ["--checkpoint-dir", str(tmp_path / "split"), "--steps", "42"])
     assert first["global_step"] == 42 and first["epoch"] == 2
+    # A user leaving Horovod mid-run: the same checkpoint goes on under DDP for an epoch, then
+    # back under Horovod, and ends where the Horovod-only runs end.
+    (tmp_path / "moved").mkdir()
+    for f in (tmp_path / "split").iterdir():
+        if f.name.startswith("ckpt-e0002"):
+            (tmp_path / "moved" / f.name).write_bytes(f.read_bytes())
     second, out = run_trainer(tmp_path, "part2", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "split")])
     assert "resumed from" in out.output and "ckpt-e0002-s00000042.pt" in out.output
     assert second["global_step"] == 84 and second["epoch"] == 4
@@ -84,6 +90,17 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
         diff = (tensor.double() - split["model"][name].double()).abs().max().item()
         assert diff <= 1e-6, f"{name} differs by {diff} after resume"
     assert not any(k.startswith("module.") for k in full["model"])
+
+    ddp, out = run_trainer(tmp_path, "ddp", "mpirun", 2,
+                           common + ["--checkpoint-dir", str(tmp_path / "moved"), "--backend", "ddp", "--steps", "63"])
+    assert "ckpt-e0002-s00000042.pt" in out.output and ddp["global_step"] == 63, out.output[-2000:]
+    back, out = run_trainer(tmp_path, "back", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "moved")])
+    assert "ckpt-e0003-s00000063.pt" in out.output and back["global_step"] == 84, out.output[-2000:]
+    moved = _final_weights(tmp_path / "moved")
+    for name, tensor in full["model"].items():
+        # DDP sums then divides where Horovod averages: equal up to float rounding.
+        diff = (tensor.double() - moved["model"][name].double()).abs().max().item()
+        assert diff <= 1e-5, f"{name} differs by {diff} after Horovod -> DDP -> Horovod"
 
 
 def test_resume_in_the_middle_of_an_epoch(tmp_path):
