@@ -130,8 +130,10 @@ def move_aside(path: str) -> str:
     return aside
 
 
-def atomic_write(path: str, write) -> None:
-    """Call write(fileobj) on a temporary file beside `path`, fsync, then rename onto `path`."""
+def atomic_write(path: str, write, signed: bool = False) -> None:
+    """Call write(fileobj) on a temporary file beside `path`, fsync, then rename onto `path`.
+    signed: its signature (below) is written beside `path` before the rename, so a file under
+    its final name is never without one (a job killed in between left unsigned checkpoints)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(), dir=directory)
@@ -143,6 +145,9 @@ def atomic_write(path: str, write) -> None:
         # mkstemp makes 0600 files: give the file an ordinary file's mode under the user's umask,
         # so that a project group can read checkpoints and results.
         os.chmod(tmp, 0o666 & ~current_umask())
+        if signed:
+            digest = _digest(tmp)
+            atomic_write(path + SIGNATURE, lambda f: f.write(digest.encode()))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -200,12 +205,15 @@ def sign(path: str) -> None:
     atomic_write(path + SIGNATURE, lambda f: f.write(_digest(path).encode()))
 
 
-def signed_by_this_user(path: str) -> bool:
+def signature_matches(path: str) -> bool | None:
+    """True: signed by this user's key as it is now; False: signed, but the file changed since
+    (truncated, damaged or altered); None: no signature beside it."""
     try:
         with open(path + SIGNATURE, "rb") as f:
-            return hmac.compare_digest(f.read().decode(errors="replace").strip(), _digest(path))
+            saved = f.read().decode(errors="replace").strip()
     except OSError:
-        return False
+        return None
+    return hmac.compare_digest(saved, _digest(path))
 
 
 def torch_is_safe(version: str) -> bool:
@@ -215,9 +223,17 @@ def torch_is_safe(version: str) -> bool:
 
 
 def trust_problem(path: str, torch_version: str, trusted: bool) -> str | None:
-    """Why `path` must not be loaded by this torch, or None."""
-    if trusted or torch_is_safe(torch_version) or signed_by_this_user(path):
+    """Why `path` must not be loaded by this torch, or None. A file whose signature no longer
+    matches raises ValueError: it is damaged (a truncated write, a bad copy) or altered, and
+    resume moves it aside for the one before it, as it does any checkpoint that fails to read."""
+    if trusted or torch_is_safe(torch_version):
         return None
+    matches = signature_matches(path)
+    if matches:
+        return None
+    if matches is False:
+        raise ValueError(f"its contents no longer match its signature {os.path.basename(path)}{SIGNATURE} "
+                         "(damaged or altered since it was written)")
     return (f"checkpoint {path} carries no signature of this user's hvdtrain ({os.path.basename(path)}{SIGNATURE}, "
             f"key {key_path()}), and torch {torch_version} < 2.6 can run code from a crafted checkpoint even with "
             "weights_only=True (CVE-2025-32434): upgrade torch to 2.6 or later, or pass --trust-checkpoints if "

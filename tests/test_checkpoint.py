@@ -59,8 +59,7 @@ def test_on_torch_before_2_6_only_signed_checkpoints_load(tmp_path, monkeypatch)
     not write, or one changed since, is refused there unless --trust-checkpoints."""
     monkeypatch.setenv("HVDTRAIN_CHECKPOINT_KEY", str(tmp_path / "keys" / "checkpoint.key"))
     mine = tmp_path / "ckpt-e0001-s00000010.pt"
-    ckpt.atomic_write(str(mine), lambda f: f.write(b"weights"))
-    ckpt.sign(str(mine))
+    ckpt.atomic_write(str(mine), lambda f: f.write(b"weights"), signed=True)  # signed before it has its name
     assert oct((tmp_path / "keys" / "checkpoint.key").stat().st_mode & 0o777) == "0o600"
     planted = tmp_path / "ckpt-e0009-s00000090.pt"
     planted.write_bytes(b"a crafted pickle")
@@ -71,8 +70,12 @@ def test_on_torch_before_2_6_only_signed_checkpoints_load(tmp_path, monkeypatch)
     problem = ckpt.trust_problem(str(planted), "2.5.1", trusted=False)
     assert problem.startswith(f"checkpoint {planted} carries no signature") and "CVE-2025-32434" in problem
     assert "--trust-checkpoints" in problem
-    mine.write_bytes(b"weights, changed")                                       # signed, then altered
-    assert ckpt.trust_problem(str(mine), "2.3.1", trusted=False) is not None
+    # Signed, then truncated or altered: damaged, like a file that fails to read (ValueError), so
+    # resume moves it aside for the one before it instead of refusing for good.
+    mine.write_bytes(b"weig")
+    with pytest.raises(ValueError, match="no longer match its signature"):
+        ckpt.trust_problem(str(mine), "2.3.1", trusted=False)
+    assert ckpt.trust_problem(str(mine), "2.3.1", trusted=True) is None
     # Pruning and moving aside take the signature along.
     ckpt.sign(str(mine))
     aside = ckpt.move_aside(str(mine))

@@ -33,6 +33,17 @@ class TFData:
     load_train: object    # batch of indices -> (images, labels), or one index for files
     load_val: object
     per_sample: bool      # files are decoded one by one; arrays are gathered a batch at a time
+    threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
+
+    def options(self) -> tf.data.Options:
+        """tf.data's threads within the rank's share. Without a pool of its own, tf.data runs its
+        work on TensorFlow's inter-op pool, one thread under --threads-per-rank 1, beside the
+        training step's ops (and its autotuner sizes buffers by the host's cores)."""
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = self.threads
+        options.threading.max_intra_op_parallelism = 1
+        options.autotune.cpu_budget = self.threads
+        return options
 
     def train(self, epoch: int, skip_steps: int, rank: int, world_size: int, steps: int,
               batch_size: int, seed: int) -> tf.data.Dataset:
@@ -51,19 +62,19 @@ class TFData:
             ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=drop_remainder)
         else:
             ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(load)
-        return ds.prefetch(tf.data.AUTOTUNE)
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(self.options())
 
 
-def build_data(cfg) -> TFData:
+def build_data(cfg, threads: int = 1) -> TFData:
     if cfg.dataset == "imagefolder":
-        return _imagefolder(cfg)
+        return _imagefolder(cfg, threads)
     if cfg.dataset == "digits":
         split = datasets.digits_split()
     else:
         split = datasets.synthetic_split(cfg.synthetic_size, cfg.image_size, seed=cfg.seed)
     return TFData(len(split.y_train), len(split.y_val), split.in_channels, split.num_classes,
                   split.image_size, _array_loader(split.x_train, split.y_train),
-                  _array_loader(split.x_val, split.y_val), per_sample=False)
+                  _array_loader(split.x_val, split.y_val), per_sample=False, threads=threads)
 
 
 def _array_loader(x_nchw: np.ndarray, y: np.ndarray):
@@ -86,7 +97,7 @@ def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
     return paths, labels
 
 
-def _imagefolder(cfg) -> TFData:
+def _imagefolder(cfg, threads: int) -> TFData:
     classes = datasets.check_imagefolder(cfg.data_dir)
     size = cfg.image_size
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
@@ -110,4 +121,4 @@ def _imagefolder(cfg) -> TFData:
 
     n_train, load_train = loader(os.path.join(cfg.data_dir, "train"), True)
     n_val, load_val = loader(os.path.join(cfg.data_dir, "val"), False)
-    return TFData(n_train, n_val, 3, len(classes), size, load_train, load_val, per_sample=True)
+    return TFData(n_train, n_val, 3, len(classes), size, load_train, load_val, per_sample=True, threads=threads)

@@ -62,7 +62,7 @@ class Trainer(EpochTrainer):
         cfg, b = self.cfg, self.backend
         self.keras = keras
 
-        self.data = d = build_data(cfg)
+        self.data = d = build_data(cfg, self.threads)
         self._plan_steps(d.train_size, d.val_size)
 
         # The same seed on every rank: tf.distribute mirrors Keras' random-seed state from worker 0

@@ -219,8 +219,7 @@ class Trainer(EpochTrainer):
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
         }
         path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(self.global_step, self.epoch, "pt"))
-        ckpt.atomic_write(path, lambda f: torch.save(state, f))
-        ckpt.sign(path)
+        ckpt.atomic_write(path, lambda f: torch.save(state, f), signed=True)
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")
 
