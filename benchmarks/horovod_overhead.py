@@ -23,28 +23,22 @@ benchmark output, never test assertions: this machine is shared and noisy.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from hvdtrain.launch import launch_command, launch_env  # noqa: E402
+from hvdtrain.launch import launch_env  # noqa: E402
 from hvdtrain.tuning import horovod_settings  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alternate import medians, mpirun, parse_args, run_alternated  # noqa: E402
 
 PY = sys.executable
 TUNED = horovod_settings("auto", on_cpu=True, cores_per_rank=1)
-
-
-def mpirun(np, env=None):
-    cmd = launch_command("mpirun", np)
-    for key, value in (env or {}).items():
-        cmd += ["-x", f"{key}={value}"]
-    return cmd
 
 
 def configs(a):
@@ -90,37 +84,15 @@ def parse(kind, out, result_path=None):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--only", default=None, help="comma-separated config names")
-    p.add_argument("--out", default="runs/overhead")
-    a = p.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    a = parse_args(__doc__, steps=6, out="runs/overhead")
     env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     for key in TUNED:  # the untuned runs must not inherit a setting from this shell
         env.pop(key, None)
     table = configs(a)
     names = a.only.split(",") if a.only else list(table)
-    results = {n: [] for n in names}
-    cpu = {n: [] for n in names}
-    for repeat in range(a.repeats):
-        for name in names:  # alternated: every config once per repeat
-            cmd, kind = table[name]
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-            if done.returncode != 0:
-                print(f"{name}: FAILED\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-                continue
-            rate, other = parse(kind, done.stdout + done.stderr, os.path.join(a.out, f"{name}.json"))
-            results[name].append(rate)
-            if other is not None:
-                cpu[name].append(other)
-            extra = f", other threads {other:.2f} core/rank" if other is not None else ""
-            print(f"[repeat {repeat}] {name}: {rate:.2f} img/s{extra}", flush=True)
-
-    med = {n: statistics.median(v) for n, v in results.items() if v}
+    results, cpu = run_alternated(table, names, a.repeats, env, parse, a.out, REPO,
+                                  describe=lambda other: f", other threads {other:.2f} core/rank")
+    med = medians(results)
 
     def ratio(x, y, scale=1.0):
         return med[x] / (scale * med[y]) if x in med and y in med else None

@@ -7,6 +7,7 @@ workload (batch 16 per rank, 224x224, one thread per rank for everything a rank 
 data), under `mpirun --bind-to none`:
 
   minimal-hvd-np1/np2     benchmarks/tf_minimal_loop.py: constant batch, DistributedGradientTape
+  minimal-hvd-np2-tuned   the same with hvdtrain's Open MPI settings (mpi_yield_when_idle)
   minimal-hvd-np2-tfdata  the same, its batch fed through tf.data (repeat + prefetch)
   minimal-hvd-np2-tfkeras the same on tf_keras (TF_USE_LEGACY_KERAS=1) instead of Keras 3
   hvdtrain-hvd-np1/np2    python -m hvdtrain.tf --backend horovod (auto settings)
@@ -20,26 +21,21 @@ assertions: this machine is shared and noisy. `--only a,b` runs some configs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import statistics
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from hvdtrain.launch import launch_command, launch_env  # noqa: E402
+from hvdtrain.launch import launch_env  # noqa: E402
+from hvdtrain.tuning import horovod_settings  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alternate import medians, mpirun, parse_args, run_alternated  # noqa: E402
 
 PY = sys.executable
-
-
-def mpirun(np, env=None):
-    cmd = launch_command("mpirun", np)
-    for key, value in (env or {}).items():
-        cmd += ["-x", f"{key}={value}"]
-    return cmd
+TUNED = horovod_settings("auto", on_cpu=True, cores_per_rank=1)  # what hvdtrain exports on such a rank
 
 
 def configs(a):
@@ -59,6 +55,7 @@ def configs(a):
             table[f"minimal-{short}-np{np}"] = (mpirun(np) + minimal + ["--backend", backend], "minimal")
             name = f"hvdtrain-{short}-np{np}"
             table[name] = (mpirun(np) + trainer + ["--backend", backend] + result(name), "trainer")
+    table["minimal-hvd-np2-tuned"] = (mpirun(2, TUNED) + minimal, "minimal")
     table["minimal-hvd-np2-tfdata"] = (mpirun(2) + minimal + ["--input", "dataset"], "minimal")
     table["minimal-hvd-np2-tfkeras"] = (mpirun(2, {"TF_USE_LEGACY_KERAS": "1"}) + minimal, "minimal")
     table["hvdtrain-hvd-np2-untuned"] = (mpirun(2) + trainer + ["--horovod-tuning", "off"]
@@ -78,43 +75,26 @@ def parse(kind, out, result_path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--only", default=None, help="comma-separated config names")
-    p.add_argument("--out", default="runs/tf-overhead")
-    a = p.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    a = parse_args(__doc__, steps=8, out="runs/tf-overhead")
     env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     env.pop("TF_USE_LEGACY_KERAS", None)
     table = configs(a)
     names = a.only.split(",") if a.only else list(table)
-    results = {n: [] for n in names}
-    pools = {}
-    for repeat in range(a.repeats):
-        for name in names:  # alternated: every config once per repeat
-            cmd, kind = table[name]
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-            if done.returncode != 0:
-                print(f"{name}: FAILED\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}", flush=True)
-                continue
-            rate, threads = parse(kind, done.stdout + done.stderr, os.path.join(a.out, f"{name}.json"))
-            results[name].append(rate)
-            if threads:
-                pools[name] = threads
-            print(f"[repeat {repeat}] {name}: {rate:.2f} img/s", flush=True)
-
-    med = {n: statistics.median(v) for n, v in results.items() if v}
+    results, threads = run_alternated(table, names, a.repeats, env, parse, a.out, REPO)
+    pools = {n: v[-1] for n, v in threads.items() if v}
+    med = medians(results)
 
     def ratio(x, y, scale=1.0):
         return med[x] / (scale * med[y]) if x in med and y in med else None
 
     ratios = {
         "hvdtrain / minimal, Horovod, np 2 (target >= 0.98)": ratio("hvdtrain-hvd-np2", "minimal-hvd-np2"),
+        "hvdtrain / minimal with hvdtrain's Open MPI settings, Horovod, np 2": ratio("hvdtrain-hvd-np2",
+                                                                                   "minimal-hvd-np2-tuned"),
         "hvdtrain / minimal, Horovod, np 1": ratio("hvdtrain-hvd-np1", "minimal-hvd-np1"),
         "E(2) minimal Horovod": ratio("minimal-hvd-np2", "minimal-hvd-np1", 2),
+        "E(2) minimal Horovod, hvdtrain's Open MPI settings at np 2": ratio("minimal-hvd-np2-tuned",
+                                                                           "minimal-hvd-np1", 2),
         "E(2) hvdtrain Horovod (target >= 0.90)": ratio("hvdtrain-hvd-np2", "hvdtrain-hvd-np1", 2),
         "hvdtrain / minimal, MWMS, np 2": ratio("hvdtrain-mwms-np2", "minimal-mwms-np2"),
         "hvdtrain / minimal, MWMS, np 1": ratio("hvdtrain-mwms-np1", "minimal-mwms-np1"),

@@ -242,7 +242,8 @@ else
     say "step 'venv': $HVDTRAIN_VENV up to date ($MODE; frameworks: $FRAMEWORKS)"
 fi
 # The venv lives in the cache so that clones share it; point its editable install at this clone.
-here=$("$PY" -c 'import hvdtrain, os; print(os.path.dirname(os.path.dirname(hvdtrain.__file__)))' 2>/dev/null || true)
+# From /: run inside the clone, Python would find its hvdtrain/ in the current directory.
+here=$(cd / && "$PY" -c 'import hvdtrain, os; print(os.path.dirname(os.path.dirname(hvdtrain.__file__)))' 2>/dev/null || true)
 if [ "$here" != "$REPO" ]; then
     run_step editable "$PY" -m pip install --no-deps --no-build-isolation -e "$REPO"
 fi

@@ -156,6 +156,8 @@ class BuildCache:
             f.write(self.key)
 
 
+# A cold cache builds Horovod (and downloads) inside: longer than the suite's 600 s default.
+@pytest.mark.timeout(1800)
 def test_no_apt_and_no_cuda_toolkit_builds_horovod(cluster_user, cluster_root):
     """Non-root, no apt/dpkg on PATH, Open MPI on PATH, no CUDA toolkit anywhere, torch (a CUDA
     build) and TF from a module: set-up decides on CPU ops and says why, builds Horovod itself
@@ -183,6 +185,8 @@ def test_no_apt_and_no_cuda_toolkit_builds_horovod(cluster_user, cluster_root):
     cache.passed()
 
 
+# A cold cache builds Horovod (and downloads) inside: longer than the suite's 600 s default.
+@pytest.mark.timeout(1800)
 def test_pypi_gpu_build_without_mpi_or_cuda_toolkit(cluster_user, cluster_root):
     """A GPU box without modules (or a container): no MPI and no CUDA toolkit anywhere, torch (a
     CUDA build) from a module. `setup.sh --gpu` installs Open MPI 5 from PyPI into the venv and

@@ -51,6 +51,9 @@ def test_loop_reaches_95_percent_on_digits(tmp_path, loop, keras):
     result = load(out)
     assert result["framework"] == "tf" and result["backend"] == "horovod"
     assert result["keras"].startswith(keras), result["keras"]
+    # --threads-per-rank 1 bounds every pool of the rank's TensorFlow, its input pipeline's too.
+    assert result["tf_threads"] == {"intra_op": 1, "inter_op": 1, "tf_data_private_pool": 1,
+                                    "tf_data_max_intra_op": 1}, result["tf_threads"]
     assert result["world_size"] == 2 and result["launcher"] == "openmpi"
     assert result["config"]["loop"] == loop and result["config"]["lr"] == pytest.approx(0.1)
     assert result["global_step"] == 8 * 21 and [h["epoch"] for h in result["history"]] == list(range(1, 9))

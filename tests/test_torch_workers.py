@@ -114,3 +114,32 @@ def alive(pid: int) -> bool:
 
 if __name__ == "__main__":
     pytest.main([__file__, "-v"])
+
+
+def test_rank_pids_takes_the_rank_never_a_child_with_its_command_line(tmp_path):
+    """The tests' rank_pids (issue: a watchdog test froze a DataLoader worker instead of its
+    rank): a rank, and a child it started with the same command line and environment, are both
+    matched by command line and rank; only the one whose parent is not matched is the rank."""
+    from conftest import rank_pids
+
+    unique = str(tmp_path / "marker")
+    child = [sys.executable, "-c", "import time; time.sleep(60)", unique]
+    rank = [sys.executable, "-c", "import subprocess, sys, time; "
+            f"subprocess.Popen({child!r}); time.sleep(60)", unique]
+    env = {**os.environ, "OMPI_COMM_WORLD_RANK": "1"}
+    proc, children = subprocess.Popen(rank, env=env), []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            children = [int(p) for p in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
+            if children:
+                break
+            time.sleep(0.05)
+        assert children, "the stand-in rank started no child"
+        assert rank_pids(unique, 1) == [proc.pid]
+        assert rank_pids(unique, 0) == []
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()

@@ -22,6 +22,9 @@ from hvdtrain import datasets
 
 
 
+PREFETCH_BATCHES = 2  # the next batch is ready while a step runs, and one more for a slow file
+
+
 @dataclass
 class TFData:
     """Sample i of a split: load(i). For arrays, images come from a pool indexed i % len(pool)."""
@@ -36,17 +39,21 @@ class TFData:
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
 
     def options(self) -> tf.data.Options:
-        """tf.data's threads within the rank's share. Without a pool of its own, tf.data runs its
-        work on TensorFlow's inter-op pool, one thread under --threads-per-rank 1, beside the
-        training step's ops (and its autotuner sizes buffers by the host's cores)."""
+        """tf.data's threads within the rank's share, and no autotuning. Without a pool of its
+        own, tf.data runs on TensorFlow's inter-op pool (one thread under --threads-per-rank 1)
+        beside the training step. Autotuning adds a model thread whose optimisation period
+        doubles up to a minute, and the iterator's end waits for it: 18-19 s at the end of a
+        ResNet-18 epoch on one rank of two, counted in the epoch's time while the other rank
+        waits (benchmarks/tf_overhead.py, docs/comparison.md). Fixed depths do as well here."""
         options = tf.data.Options()
         options.threading.private_threadpool_size = self.threads
         options.threading.max_intra_op_parallelism = 1
-        options.autotune.cpu_budget = self.threads
+        options.autotune.enabled = False
         return options
 
     def train(self, epoch: int, skip_steps: int, rank: int, world_size: int, steps: int,
               batch_size: int, seed: int) -> tf.data.Dataset:
+        """The epoch's batches from skip_steps up to steps (exclusive), in the epoch's order."""
         order = np.random.default_rng([seed, epoch]).permutation(self.train_size)
         ds = tf.data.Dataset.from_tensor_slices(order).shard(world_size, rank)
         ds = ds.take(steps * batch_size).skip(skip_steps * batch_size)
@@ -58,11 +65,11 @@ class TFData:
                           drop_remainder=False)
 
     def _load(self, ds, load, batch_size, drop_remainder):
-        if self.per_sample:
-            ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=drop_remainder)
+        if self.per_sample:  # image files: decoded in parallel by the rank's threads
+            ds = ds.map(load, num_parallel_calls=self.threads).batch(batch_size, drop_remainder=drop_remainder)
         else:
             ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(load)
-        return ds.prefetch(tf.data.AUTOTUNE).with_options(self.options())
+        return ds.prefetch(PREFETCH_BATCHES).with_options(self.options())
 
 
 def build_data(cfg, threads: int = 1) -> TFData:

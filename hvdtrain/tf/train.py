@@ -63,6 +63,7 @@ class Trainer(EpochTrainer):
         self.keras = keras
 
         self.data = d = build_data(cfg, self.threads)
+        self.data_threads: dict = {}  # tf.data's pools, read off the training pipeline
         self._plan_steps(d.train_size, d.val_size)
 
         # The same seed on every rank: tf.distribute mirrors Keras' random-seed state from worker 0
@@ -119,13 +120,25 @@ class Trainer(EpochTrainer):
         return [v.numpy().astype(np.float64) for v in self.model.trainable_weights]
 
     def _result_extras(self) -> dict:
-        return {"keras": f"{self.keras.__name__} {self.keras.__version__}"}
+        # What "threads per rank" meant here: every pool this rank's TensorFlow runs on.
+        threading = tf.config.threading
+        return {"keras": f"{self.keras.__name__} {self.keras.__version__}",
+                "tf_threads": {"intra_op": threading.get_intra_op_parallelism_threads(),
+                               "inter_op": threading.get_inter_op_parallelism_threads(),
+                               **self.data_threads}}
 
     def _train_epoch(self):
         cfg = self.cfg
         steps = self._start_epoch()
+        # Exactly the steps this call runs (--steps may end the epoch early): the loop then ends on
+        # the exhausted pipeline. Breaking out of a pipeline that still prefetches, and deleting
+        # it, took 18-19 s on one rank of two at times, counted in the epoch's time (the other
+        # rank waits in the closing barrier): half of the measured throughput (benchmarks/tf_overhead.py).
         dataset = self.data.train(self.epoch, self.step_in_epoch, self.rank, self.world_size,
-                                  self.steps_per_epoch, cfg.batch_size, cfg.seed)
+                                  self.step_in_epoch + steps, cfg.batch_size, cfg.seed)
+        pools = dataset.options().threading  # as the pipeline really runs, for the result file
+        self.data_threads = {"tf_data_private_pool": pools.private_threadpool_size,
+                             "tf_data_max_intra_op": pools.max_intra_op_parallelism}
         # The loop calls self.meter.before_step() and self._step_done(stats) for each step.
         self.loop.run_epoch(dataset, self.epoch, steps, self.step_in_epoch)
         return self.meter.end_epoch()
