@@ -141,7 +141,9 @@ def test_an_interrupted_comparison_leaves_no_process(tmp_path, request, launcher
     if launcher == "srun":
         request.getfixturevalue("slurm_cluster")
     mark = str(tmp_path)
-    proc = subprocess.Popen([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--np", "2",
+    # A workload that cannot end before the signal lands: digits-cnn trained its 20 epochs in 8 s,
+    # and under the full suite's load it once finished between "epoch 1/" and the signal (exit 0).
+    proc = subprocess.Popen([PYTHON, "-m", "hvdtrain.compare", "--workload", "resnet18-synthetic", "--np", "2",
                              "--backends", "horovod-torch", "--launcher", launcher, "--out", str(tmp_path / "cmp")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=marked_env(mark),
                             cwd=REPO, start_new_session=True)

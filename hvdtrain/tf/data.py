@@ -39,12 +39,12 @@ class TFData:
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
 
     def options(self) -> tf.data.Options:
-        """tf.data's threads within the rank's share, and no autotuning. Without a pool of its
-        own, tf.data runs on TensorFlow's inter-op pool (one thread under --threads-per-rank 1)
-        beside the training step. Autotuning adds a model thread whose optimisation period
-        doubles up to a minute, and the iterator's end waits for it: 18-19 s at the end of a
-        ResNet-18 epoch on one rank of two, counted in the epoch's time while the other rank
-        waits (benchmarks/tf_overhead.py, docs/comparison.md). Fixed depths do as well here."""
+        """tf.data's threads within the rank's share, and no autotuning. By default tf.data
+        sizes its own pool by the host's cores, not by the rank's share of them. Autotuning adds
+        a model thread whose optimisation period grows towards a minute, and the end of the
+        iterator waited for it: 18-19 s at the end of a ResNet-18 epoch on one rank of two,
+        counted in the epoch's time while the other rank waited (docs/tf-overhead.md). Fixed
+        depths do as well here."""
         options = tf.data.Options()
         options.threading.private_threadpool_size = self.threads
         options.threading.max_intra_op_parallelism = 1

@@ -130,10 +130,9 @@ class Trainer(EpochTrainer):
     def _train_epoch(self):
         cfg = self.cfg
         steps = self._start_epoch()
-        # Exactly the steps this call runs (--steps may end the epoch early): the loop then ends on
-        # the exhausted pipeline. Breaking out of a pipeline that still prefetches, and deleting
-        # it, took 18-19 s on one rank of two at times, counted in the epoch's time (the other
-        # rank waits in the closing barrier): half of the measured throughput (benchmarks/tf_overhead.py).
+        # Exactly the steps this call runs (--steps may end the epoch early): the loop ends on the
+        # exhausted pipeline and no batch is made that will not be trained on. (The end of a
+        # pipeline once waited 18-19 s for tf.data's autotuner, now off: hvdtrain/tf/data.py.)
         dataset = self.data.train(self.epoch, self.step_in_epoch, self.rank, self.world_size,
                                   self.step_in_epoch + steps, cfg.batch_size, cfg.seed)
         pools = dataset.options().threading  # as the pipeline really runs, for the result file
