@@ -136,7 +136,7 @@ def test_an_interrupted_comparison_leaves_no_process(tmp_path, request, launcher
     import signal
     import time
 
-    from conftest import marked_env, processes_left
+    from conftest import marked_env, marked_pids, processes_left
 
     if launcher == "srun":
         request.getfixturevalue("slurm_cluster")
@@ -147,12 +147,24 @@ def test_an_interrupted_comparison_leaves_no_process(tmp_path, request, launcher
                              "--backends", "horovod-torch", "--launcher", launcher, "--out", str(tmp_path / "cmp")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=marked_env(mark),
                             cwd=REPO, start_new_session=True)
-    log = tmp_path / "cmp" / "runs" / "horovod-torch-np2-r0.log"
+
+    def ranks():  # the launch's trainer processes (the run's log, forwarded by the launcher, can lag)
+        found = []
+        for pid in marked_pids(mark):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found += [pid] if b"hvdtrain.torch" in f.read() else []
+            except OSError:
+                continue
+        return found
+
     try:
         deadline = time.monotonic() + 180
-        while not (log.exists() and "epoch 1/" in log.read_text(errors="replace")):  # tqdm's bar, half-written
-            assert time.monotonic() < deadline and proc.poll() is None, "the launch did not start training"
+        while len(ranks()) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the launch did not start its ranks"
             time.sleep(0.5)
+        time.sleep(3)  # into set-up or training: the run itself takes 25 s or more
+        assert proc.poll() is None, "the comparison ended before the signal"
         proc.send_signal(getattr(signal, how))
         out, _ = proc.communicate(timeout=90)
     finally:
