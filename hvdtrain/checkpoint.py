@@ -146,8 +146,7 @@ def atomic_write(path: str, write, signed: bool = False) -> None:
         # so that a project group can read checkpoints and results.
         os.chmod(tmp, 0o666 & ~current_umask())
         if signed:
-            digest = _digest(tmp)
-            atomic_write(path + SIGNATURE, lambda f: f.write(digest.encode()))
+            sign(path, contents=tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -201,8 +200,11 @@ def _digest(path: str) -> str:
     return mac.hexdigest()
 
 
-def sign(path: str) -> None:
-    atomic_write(path + SIGNATURE, lambda f: f.write(_digest(path).encode()))
+def sign(path: str, contents: str | None = None) -> None:
+    """Write the signature of `path` beside it; contents: the file that holds its bytes now (the
+    temporary file it is about to be renamed from), if not `path` itself."""
+    digest = _digest(contents or path)
+    atomic_write(path + SIGNATURE, lambda f: f.write(digest.encode()))
 
 
 def signature_matches(path: str) -> bool | None:
