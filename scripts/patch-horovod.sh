@@ -52,3 +52,14 @@ static GpuStreamHandle hvdtrain_gpu_stream(stream_executor::Stream* stream) {\
 edit horovod/runner/mpi_run.py \
      "s/return list(_OMPI_FLAGS), list(_NO_BINDING_ARGS), _OMPI_IMPL/return list(_OMPI_FLAGS), ['--bind-to none', '--map-by slot'], _OMPI_IMPL/; s/'-mca /'--mca /g; s/f'-mca /f'--mca /g" \
      "Open MPI 5 option spellings for horovodrun" "return list(_OMPI_FLAGS), list(_NO_BINDING_ARGS), _OMPI_IMPL"
+# Keras 3 (tf.keras in TF >= 2.16): users' own Horovod TF code as Horovod documents it —
+# DistributedGradientTape, PartialDistributedGradientTape, broadcast_variables, SyncBatchNormalization
+# and horovod.tensorflow.keras — plus one-line refusals where Keras 3 cannot do what Horovod asks.
+# A Python-only diff, one row per change in docs/horovod-build.md.
+keras3_patch=$(cd "$(dirname "$0")" && pwd)/horovod-keras3.patch
+if command -v patch >/dev/null; then
+    (cd "$src" && patch -p1 --forward --batch --quiet <"$keras3_patch")
+else
+    (cd "$src" && git apply -p1 "$keras3_patch")
+fi || { echo "patch-horovod: cannot apply horovod-keras3.patch to $src" >&2; exit 1; }
+echo "patched horovod/tensorflow, horovod/_keras: Keras 3 (horovod-keras3.patch)"

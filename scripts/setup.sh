@@ -294,7 +294,7 @@ if [ "$USE_SITE_HOROVOD" = 0 ]; then
             tf) TF_KEY=$("$PY" "$REPO/scripts/stack.py" version tensorflow) ;;
         esac
     done
-    PATCH_KEY=$(sha256sum "$REPO/scripts/patch-horovod.sh" | cut -c1-8)
+    PATCH_KEY=$(cat "$REPO/scripts/patch-horovod.sh" "$REPO/scripts/horovod-keras3.patch" | sha256sum | cut -c1-8)
     # The wheel is keyed by everything that makes it differ: the versions really installed, the
     # MPI it links, CPU or NCCL ops, and the patch.
     OPS_KEY=$GPU_OPS

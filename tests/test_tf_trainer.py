@@ -201,6 +201,22 @@ def test_fit_without_keras2_says_why(tmp_path, case):
     assert "AttributeError" not in run.output and "Traceback" not in run.output
 
 
+def test_resnet18_on_synthetic_images_two_ranks(tmp_path):
+    """The comparison's resnet18-synthetic workload under hvdtrain.tf, small: Keras 3's ResNet-18,
+    generated images, the custom loop with DistributedGradientTape, one thread per rank."""
+    out = tmp_path / "resnet18.json"
+    run_tf(["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32", "--batch-size", "8",
+            "--steps", "6", "--log-interval", "3", "--threads-per-rank", "1", "--result-json", str(out)],
+           timeout=300)
+    result = load(out)
+    assert result["config"]["model"] == "resnet18" and result["config"]["dataset"] == "synthetic"
+    assert result["global_step"] == 6 and [step for step, _ in result["loss_log"]] == [3, 6]
+    assert all(loss == loss and loss > 0 for _, loss in result["loss_log"]), result["loss_log"]
+    assert_same_weights_everywhere(result)
+    assert result["tf_threads"]["intra_op"] == 1 and result["tf_threads"]["tf_data_private_pool"] == 1
+    assert all(r["images_per_sec"] > 0 for r in result["ranks"])
+
+
 def test_srun_two_tasks_runs_the_tf_trainer(slurm_cluster, tmp_path):
     out = tmp_path / "srun.json"
     run = run_tf(["--model", "mnist_cnn", "--dataset", "digits", "--loop", "fit", "--steps", "12",
