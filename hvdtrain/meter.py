@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from hvdtrain.collectives import Collectives
+from hvdtrain.phases import PhaseClock, injected_delay
 
 STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
 
@@ -39,14 +40,36 @@ def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
 
 class StepMeter:
     def __init__(self, backend: Collectives, reporter, signal_name: Callable[[], str | None],
-                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int):
+                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int,
+                 phases: PhaseClock | None = None):
         self.backend, self.reporter = backend, reporter
         self.signal_name, self.current_lr = signal_name, current_lr
         self.log_interval, self.warmup_steps, self.samples_per_step = log_interval, warmup_steps, samples_per_step
         self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
-        self.timed_seconds, self.timed_samples = 0.0, 0
+        self.timed_seconds, self.timed_samples, self.timed_steps_total = 0.0, 0, 0
+        # Where the timed steps' time goes (hvdtrain/phases.py): the trainer marks each phase's end.
+        self.phases = phases or PhaseClock()
+        self.epoch_phases_ms: dict | None = None  # the last epoch's, per timed step
+        self._phases_at_epoch_start = dict(self.phases.seconds)
+        self.injected_delay = injected_delay(backend.rank)  # test-only: a rank made slow on purpose
         self.loss_log: list[list] = []  # [global step, mean loss over the interval]
         self.first_loss: float | None = None  # this process's first step's loss, over all ranks
+
+    def phase(self, name: str) -> None:
+        """The trainer's mark: phase `name` of this step ends now (timed steps only)."""
+        self.phases.mark(name)
+        if name == "data" and self.injected_delay:
+            time.sleep(self.injected_delay)  # counts as compute, as a slow GPU or node would
+
+    def _note_epoch_phases(self) -> None:
+        now = dict(self.phases.seconds)
+        before, self._phases_at_epoch_start = self._phases_at_epoch_start, now
+        if self.phases.enabled and self.timed_steps:
+            self.epoch_phases_ms = {p: 1000.0 * (now[p] - before[p]) / self.timed_steps for p in now}
+
+    def phases_ms(self) -> dict | None:
+        """Milliseconds per timed step in each phase, this rank."""
+        return self.phases.per_step_ms(self.timed_steps_total)
 
     @property
     def images_per_sec(self) -> float | None:
@@ -58,12 +81,14 @@ class StepMeter:
         self.totals = np.zeros(3)
         self.last_step = first_step + steps
         self.stopped_by, self.timing, self.timed_steps, self.t0 = None, False, 0, 0.0
+        self.epoch_phases_ms = None
         self.bar = self.reporter.progress(steps, label)
 
     def before_step(self) -> None:
         if not self.timing and self.steps_run >= self.warmup_steps:
             self.backend.barrier()  # every rank starts the clock together
             self.timing, self.t0 = True, time.perf_counter()
+            self.phases.start()
 
     def after_step(self, global_step: int, stats) -> bool:
         """Count one finished step (now at `global_step`) with its (loss sum, correct, count);
@@ -77,10 +102,12 @@ class StepMeter:
             # this run, as every rank sees it; the first interval's mean could already have diverged.
             first = self.backend.allreduce_sum(np.asarray(stats, dtype=np.float64), "first_loss")
             self.first_loss = float(first[0] / max(1.0, first[2]))
+        self.phases.mark("other")
         if global_step % self.log_interval and global_step != self.last_step:
             return False
         reduced = self.backend.allreduce_sum(np.array([*self.window, *stop_votes(self.signal_name())]),
                                              "train_window")
+        self.phases.mark("sync")  # the metrics' reduction waits for every rank too
         self.totals += reduced[:3]
         self.window[:] = 0
         interval_loss = float(reduced[0] / max(1.0, reduced[2]))
@@ -88,13 +115,18 @@ class StepMeter:
         self.reporter.scalars(global_step, {"train/loss": interval_loss, "train/lr": float(self.current_lr())})
         self.bar.set_postfix(loss=f"{interval_loss:.4f}")
         self.stopped_by = stop_reason(reduced[3], reduced[4])
+        self.phases.mark("other")
         return self.stopped_by is not None
 
     def end_epoch(self) -> tuple[dict, str | None]:
         self.bar.close()
         if self.timing:
             self.backend.barrier()
+            self.phases.mark("sync")  # the epoch's closing barrier waits for the other ranks
             self.timed_seconds += time.perf_counter() - self.t0
+            self.phases.stop()
+            self.timed_steps_total += self.timed_steps
+            self._note_epoch_phases()
             self.timed_samples += self.timed_steps * self.samples_per_step
         count = max(1.0, float(self.totals[2]))
         return ({"train_loss": float(self.totals[0]) / count, "train_acc": float(self.totals[1]) / count},

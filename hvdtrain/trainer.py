@@ -24,6 +24,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.meter import StepMeter
+from hvdtrain.phases import phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
@@ -319,9 +320,21 @@ class EpochTrainer(abc.ABC):
             if val_metrics:
                 self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
                                                          "val/acc": val_metrics["val_acc"]})
+        self._report_phases()
         if epoch_done:
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
         self._checkpoint()
+
+    def _report_phases(self) -> None:
+        """Rank 0 names the slowest rank of the epoch and its phase (hvdtrain/phases.py): every
+        rank reports the same throughput in synchronous training, so the slow one is only seen here."""
+        mine = self.meter.epoch_phases_ms
+        ranks = self.backend.allgather_object({"rank": self.rank, "host": socket.gethostname(),
+                                               "phases_ms": mine}, "epoch_phases")
+        if mine is None or not self.is_rank0:
+            return
+        self.reporter.info(f"step time: {phases_summary(mine)} on rank 0; {slowest_rank_line(ranks)}")
+        self.reporter.scalars(self.global_step, {f"phases_ms/{phase}": ms for phase, ms in mine.items()})
 
     def _finish(self, stopped_by: str | None) -> dict:
         cfg, b = self.cfg, self.backend
@@ -329,6 +342,7 @@ class EpochTrainer(abc.ABC):
         per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": self.device_name,
                                        "threads": self.threads, "images_per_sec": m.images_per_sec,
                                        "timed_samples": m.timed_samples, "timed_seconds": m.timed_seconds,
+                                       "timed_steps": m.timed_steps_total, "phases_ms": m.phases_ms(),
                                        "param_checksum": checksum_arrays(self._param_arrays())}, "per_rank")
         env = self.env
         requeue = None

@@ -41,6 +41,7 @@ def cluster_resolver(env: ClusterEnv):
 
 class MWMSBackend:
     name = "mwms"
+    reduces_in_optimizer = True  # the Keras optimizer all-reduces the gradients (see reduce_gradients)
 
     def __init__(self, cfg, cores_per_rank: int):
         env = ClusterEnv.from_environ()
@@ -63,8 +64,10 @@ class MWMSBackend:
     def run(self, step_fn, *args):
         return self.strategy.run(step_fn, args=args)
 
-    def distributed_tape(self, tape, cfg):
-        return tape  # the optimizer all-reduces the gradients under the strategy
+    def reduce_gradients(self, grads, cfg):
+        # The Keras optimizer all-reduces the gradients under the strategy, inside apply_gradients:
+        # MWMS's sync is timed as part of the optimizer phase (hvdtrain/phases.py).
+        return grads
 
     def _sum(self, array: np.ndarray) -> np.ndarray:
         if self.world_size == 1:

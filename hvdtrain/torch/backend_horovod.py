@@ -27,6 +27,8 @@ class HorovodBackend:
         self.tuning = start_horovod(hvd, cfg, not torch.cuda.is_available(), cores_per_rank)
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
+        # Adasum's optimizer combines the ranks' updates inside step() and cannot skip that sync.
+        self.adasum = cfg.use_adasum
 
     def wrap_model(self, model, device):
         return model  # Horovod: the optimizer does the communication, the model stays as is.
@@ -51,14 +53,18 @@ class HorovodBackend:
     def backward(self, loss):
         loss.backward()  # Horovod's optimizer hooks start each gradient's allreduce as it is ready
 
-    def step(self, optimizer, scaler):
-        if scaler is None:
-            optimizer.step()
-            return
-        # Horovod + AMP: finish the allreduce before unscaling, then step without a second sync.
+    def finish_gradients(self, optimizer):
+        # Wait for the allreduces backward started here, not inside step(): the trainer times the
+        # wait apart from the update (hvdtrain/phases.py), and AMP must unscale averaged gradients.
         optimizer.synchronize()
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():
+
+    def step(self, optimizer, scaler):
+        synchronized = contextlib.nullcontext() if self.adasum else optimizer.skip_synchronize()
+        with synchronized:  # finish_gradients synchronized (Adasum: its step does)
+            if scaler is None:
+                optimizer.step()
+                return
+            scaler.unscale_(optimizer)
             scaler.step(optimizer)
         scaler.update()
 

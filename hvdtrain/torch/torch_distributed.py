@@ -93,6 +93,9 @@ class TorchDistributedCollectives:
     def backward(self, loss):
         loss.backward()
 
+    def finish_gradients(self, optimizer):
+        pass  # DDP's allreduce has finished inside backward()
+
     def step(self, optimizer, scaler):
         if scaler is None:
             optimizer.step()

@@ -25,6 +25,7 @@ from hvdtrain.schedule import lr_factor
 from hvdtrain.torch import data
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
+from hvdtrain.torch.phases import CudaPhaseClock
 
 PROG = "hvdtrain.torch"
 
@@ -89,6 +90,10 @@ class Trainer(EpochTrainer):
             self.scheduler.load_state_dict(b.broadcast_object(self.scheduler.state_dict(), "scheduler"))
         if cfg.log_dir and self.is_rank0:
             self.reporter = self.meter.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
+        if self.device.type == "cuda":
+            self.meter.phases = CudaPhaseClock(self.device)
+        if getattr(b, "fit", None):
+            self.meter.phases.disable()  # Lightning runs the step: its phases are not ours to mark
         self.device_name = str(self.device)
         self._log_start(resumed_from)
 
@@ -149,6 +154,7 @@ class Trainer(EpochTrainer):
             y = y.to(self.device, non_blocking=True)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
+            meter.phase("data")
             stats = [0.0, 0.0, 0.0]   # loss sum, correct, count of this step
             for j, (xc, yc) in enumerate(zip(x.chunk(k), y.chunk(k))):
                 with b.no_sync(self.model, self.optimizer, j == k - 1), \
@@ -166,15 +172,31 @@ class Trainer(EpochTrainer):
                 # Each micro-batch's loss weighs its share of the step's batch: the accumulated
                 # gradient is that of the whole batch.
                 scaled = loss * (len(yc) / len(y))
-                b.backward(self.scaler.scale(scaled) if self.scaler else scaled)
+                scaled = self.scaler.scale(scaled) if self.scaler else scaled
+                self._mark_compute_when_gradients_are_done(scaled)
+                b.backward(scaled)
+                meter.phase("sync")  # DDP: waiting for its last buckets' allreduce, inside backward()
                 stats[0] += loss.item() * len(yc)
                 stats[1] += (out.argmax(1) == yc).sum().item()
                 stats[2] += len(yc)
+            b.finish_gradients(self.optimizer)  # Horovod: wait for the allreduces backward started
+            meter.phase("sync")
             b.step(self.optimizer, self.scaler)
             self.scheduler.step()
+            meter.phase("optimizer")
             if self._step_done(stats):
                 break
         return meter.end_epoch()
+
+    def _mark_compute_when_gradients_are_done(self, loss) -> None:
+        """Mark the end of compute when autograd has computed the last gradient, which is before
+        backward() returns: DDP waits there for its buckets' allreduce (in a callback autograd runs
+        at the end of backward, queued after this one), and that wait is sync, not compute."""
+        if not self.meter.phases.running:
+            return
+        engine = torch.autograd.Variable._execution_engine
+        # The loss's own hook runs first in backward, where a callback may be queued.
+        loss.register_hook(lambda grad: engine.queue_callback(lambda: self.meter.phase("compute")))
 
     @torch.no_grad()
     def _validate(self) -> dict:
