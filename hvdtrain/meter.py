@@ -2,10 +2,11 @@
 warm-up clock between barriers, the stop vote, the loss log, TensorBoard scalars and the
 progress bar. The torch loop, the TF custom loop and the Keras `fit` callback all call it inline:
 
-    meter.start_epoch(steps, label)
+    meter.start_epoch(steps, first_step, label)
     for each step:
         meter.before_step()                       # after the warm-up steps: barrier, start the clock
-        ...one optimizer step...
+        meter.phase("data")                       # the batch is here (hvdtrain/phases.py)
+        ...one optimizer step, marking "compute", "sync", "optimizer"...
         if meter.after_step(global_step, stats):  # stats: (loss sum, correct, count) of the step
             break                                 # every rank got the same stop signal
     metrics, stopped_by = meter.end_epoch()       # barrier, stop the clock; the epoch's means

@@ -104,8 +104,14 @@ class EpochTrainer(abc.ABC):
         """Rank 0: write the state at the current position (others return at once)."""
 
     @abc.abstractmethod
-    def _param_arrays(self) -> list:
-        """The trainable parameters as float64 numpy arrays (for the per-rank checksum)."""
+    def _state_arrays(self) -> list:
+        """The model's parameters and buffers (BatchNorm statistics) as float64 numpy arrays, for
+        the per-rank checksum: ranks whose statistics diverge must not look alike."""
+
+    @abc.abstractmethod
+    def _average_statistics(self) -> None:
+        """Every rank: replace the BatchNorm statistics by their mean over ranks (each rank's
+        are of its own batches), so that validation, checkpoints and the result see one model."""
 
     @abc.abstractmethod
     def _current_lr(self) -> float:
@@ -273,6 +279,7 @@ class EpochTrainer(abc.ABC):
         if not self.cfg.checkpoint_dir:
             return
         self.watchdog.beat(where="writing a checkpoint")
+        self._average_statistics()  # the checkpoint holds every rank's BatchNorm statistics, not rank 0's
         error = None
         if self.is_rank0:
             try:
@@ -339,11 +346,12 @@ class EpochTrainer(abc.ABC):
     def _finish(self, stopped_by: str | None) -> dict:
         cfg, b = self.cfg, self.backend
         m = self.meter
+        self._average_statistics()
         per_rank = b.allgather_object({"rank": self.rank, "host": socket.gethostname(), "device": self.device_name,
                                        "threads": self.threads, "images_per_sec": m.images_per_sec,
                                        "timed_samples": m.timed_samples, "timed_seconds": m.timed_seconds,
                                        "timed_steps": m.timed_steps_total, "phases_ms": m.phases_ms(),
-                                       "param_checksum": checksum_arrays(self._param_arrays())}, "per_rank")
+                                       "param_checksum": checksum_arrays(self._state_arrays())}, "per_rank")
         env = self.env
         requeue = None
         if stopped_by:

@@ -81,3 +81,18 @@ def test_on_torch_before_2_6_only_signed_checkpoints_load(tmp_path, monkeypatch)
     aside = ckpt.move_aside(str(mine))
     assert os.path.exists(aside + ".sig") and not os.path.exists(str(mine) + ".sig")
     assert not ckpt.torch_is_safe("2.5.1") and ckpt.torch_is_safe("2.6.0") and ckpt.torch_is_safe("10.0")
+
+
+def test_the_per_rank_checksum_covers_batchnorm_statistics():
+    """Ranks whose running statistics differ must not look alike in the result file."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hvdtrain.results import checksum_arrays
+    from hvdtrain.torch.train import Trainer
+
+    one, two = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    two.running_mean += 1.0  # same weights, other statistics
+    checksums = [checksum_arrays(Trainer._state_arrays(SimpleNamespace(raw_model=m))) for m in (one, two)]
+    assert checksums[0] != checksums[1]

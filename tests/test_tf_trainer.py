@@ -203,7 +203,7 @@ def test_fit_without_keras2_says_why(tmp_path, case):
 
 def test_resnet18_on_synthetic_images_two_ranks(tmp_path):
     """The comparison's resnet18-synthetic workload under hvdtrain.tf, small: Keras 3's ResNet-18,
-    generated images, the custom loop with DistributedGradientTape, one thread per rank."""
+    generated images, the custom loop averaging the tape's gradients with Horovod, one thread per rank."""
     out = tmp_path / "resnet18.json"
     run_tf(["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32", "--batch-size", "8",
             "--steps", "6", "--log-interval", "3", "--threads-per-rank", "1", "--result-json", str(out)],
@@ -215,6 +215,20 @@ def test_resnet18_on_synthetic_images_two_ranks(tmp_path):
     assert_same_weights_everywhere(result)
     assert result["tf_threads"]["intra_op"] == 1 and result["tf_threads"]["tf_data_private_pool"] == 1
     assert all(r["images_per_sec"] > 0 for r in result["ranks"])
+
+
+def test_mwms_under_srun(slurm_cluster, tmp_path):
+    """tf.distribute's workers find each other under srun as under mpirun: TF_CONFIG gathered over
+    MPI, each worker on a port free on its node (not one derived from the job id)."""
+    out = tmp_path / "mwms-srun.json"
+    run_tf(["--backend", "mwms", "--model", "mnist_cnn", "--dataset", "digits", "--steps", "6",
+            "--log-interval", "3", "--threads-per-rank", "1", "--result-json", str(out)], launcher="srun", timeout=240)
+    result = load(out)
+    assert result["backend"] == "mwms" and result["launcher"] == "slurm" and result["world_size"] == 2
+    workers = json.loads(result["tf_config"])["cluster"]["worker"]
+    assert len(set(workers)) == 2, workers
+    assert result["global_step"] == 6
+    assert_same_weights_everywhere(result)
 
 
 def test_srun_two_tasks_runs_the_tf_trainer(slurm_cluster, tmp_path):

@@ -139,6 +139,46 @@ def test_lightning_under_srun_uses_its_slurm_detection(tmp_path, slurm_cluster):
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
 
 
+def test_a_horovod_checkpoint_resumes_under_ddp_and_back(tmp_path):
+    """How a user leaves Horovod without losing a run: the checkpoint format is the backends'
+    own-free state_dict, so --backend ddp resumes a Horovod run exactly, and the other way round."""
+    ckpt = str(tmp_path / "ckpt")
+    base = DIGITS[:6] + ["--threads-per-rank", "1", "--checkpoint-dir", ckpt]
+    horovod_1, _ = run_trainer(tmp_path, "hvd1", "mpirun", 2, base + ["--epochs", "1"])
+    loaded, _ = run_trainer(tmp_path, "ddp-load", "mpirun", 2, base + ["--epochs", "1", "--resume", "--backend", "ddp"])
+    assert loaded["backend"] == "ddp" and loaded["global_step"] == horovod_1["global_step"]
+    assert {r["param_checksum"] for r in loaded["ranks"]} == {horovod_1["ranks"][0]["param_checksum"]}, \
+        "DDP did not start from the Horovod run's weights"
+    ddp_2, _ = run_trainer(tmp_path, "ddp2", "mpirun", 2, base + ["--epochs", "2", "--resume", "--backend", "ddp"])
+    assert ddp_2["global_step"] == 2 * horovod_1["global_step"] and len(ddp_2["history"]) == 2
+    back, _ = run_trainer(tmp_path, "hvd-load", "mpirun", 2, base + ["--epochs", "2", "--resume"])
+    assert back["backend"] == "horovod" and back["global_step"] == ddp_2["global_step"]
+    assert {r["param_checksum"] for r in back["ranks"]} == {ddp_2["ranks"][0]["param_checksum"]}, \
+        "Horovod did not start from the DDP run's weights"
+
+
+def test_batchnorm_statistics_of_every_rank_in_checkpoint_and_result(tmp_path):
+    """Horovod reduces gradients only: each rank's BatchNorm running statistics are of its own
+    batches. They are averaged over ranks before every checkpoint and at the end, and the result's
+    per-rank checksum covers them: the checkpoint rank 0 wrote is the model every rank ends with."""
+    from hvdtrain.checkpoint import latest_checkpoint
+    from hvdtrain.results import checksum_arrays
+    from hvdtrain.torch.models import build_model
+
+    ckpt_dir = tmp_path / "ckpt"
+    result, _ = run_trainer(tmp_path, "bn", "mpirun", 2,
+                            ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32",
+                             "--batch-size", "8", "--steps", "3", "--synthetic-size", "64",
+                             "--threads-per-rank", "1", "--checkpoint-dir", str(ckpt_dir)], timeout=300)
+    checksums = {r["param_checksum"] for r in result["ranks"]}
+    assert len(checksums) == 1, "the ranks end with different weights or BatchNorm statistics"
+    state = torch.load(latest_checkpoint(str(ckpt_dir)), map_location="cpu", weights_only=True)
+    model = build_model("resnet18", 3, state["config"]["num_classes"], 32)
+    model.load_state_dict(state["model"])
+    saved = [t.detach().double().numpy() for t in (*model.parameters(), *model.buffers())]
+    assert checksum_arrays(saved) in checksums, "the checkpoint holds rank 0's statistics, not the average"
+
+
 def test_resnet50_synthetic_under_srun(tmp_path, slurm_cluster):
     result, _ = run_trainer(tmp_path, "srun", "srun", 2,
                             ["--model", "resnet50", "--dataset", "synthetic", "--image-size", "64",

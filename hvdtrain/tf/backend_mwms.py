@@ -3,10 +3,11 @@
     mpirun -np 2 python -m hvdtrain.tf --backend mwms --loop custom --model mnist_cnn --dataset digits
     srun --mpi=pmix -n 2 python -m hvdtrain.tf --backend mwms --loop custom ...
 
-One worker per rank, one replica per worker. The cluster comes from the launcher: under Slurm,
-`SlurmClusterResolver` (ports derived from the job and step ids); under mpirun, TF_CONFIG built
-from every rank's address, gathered over MPI (each rank binds a free port). Each rank feeds its
-own shard (the datasets are not auto-sharded), exactly as under Horovod.
+One worker per rank, one replica per worker. The cluster is TF_CONFIG built from every rank's
+address, gathered over MPI, under srun and mpirun alike: each rank picks a port that is free on
+its node. (TF's SlurmClusterResolver derives the ports from the job and step ids, the pattern that
+made DDP fail when another program held the port: hvdtrain/torch/backend_ddp.py.) Each rank feeds
+its own shard (the datasets are not auto-sharded), exactly as under Horovod.
 """
 from __future__ import annotations
 
@@ -26,11 +27,6 @@ def cluster_resolver(env: ClusterEnv):
     """The resolver for this launch, or None for a single process."""
     if env.world_size == 1:
         return None
-    if env.launcher == "slurm":
-        step = int(os.environ.get("SLURM_STEP_ID", "0") or 0)
-        port_base = 30000 + (int(env.job_id or 0) * 16 + step) * 8 % 20000
-        return tf.distribute.cluster_resolver.SlurmClusterResolver(
-            jobs={"worker": env.world_size}, port_base=port_base, auto_set_gpu=False)
     from mpi4py import MPI
 
     addresses = MPI.COMM_WORLD.allgather(f"{socket.gethostname()}:{free_port()}")

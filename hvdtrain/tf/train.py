@@ -116,8 +116,11 @@ class Trainer(EpochTrainer):
         return meta["config"], (meta["epoch"], meta["step_in_epoch"], meta["global_step"], meta["history"]), None
 
     # ------------------------------------------------------------------ the loop
-    def _param_arrays(self):
-        return [v.numpy().astype(np.float64) for v in self.model.trainable_weights]
+    def _state_arrays(self):
+        return [v.numpy().astype(np.float64) for v in self.model.weights]  # BatchNorm statistics too
+
+    def _average_statistics(self) -> None:
+        self.backend.average_variables(self.model.non_trainable_weights)
 
     def _result_extras(self) -> dict:
         # What "threads per rank" meant here: every pool this rank's TensorFlow runs on.
@@ -147,7 +150,7 @@ class Trainer(EpochTrainer):
         return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
     def _validate(self) -> dict:
-        self.backend.average_variables(self.model.non_trainable_weights)  # one set of BatchNorm statistics
+        self._average_statistics()  # one set of BatchNorm statistics
         sums = np.zeros(3)
         self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
         for x, y in self.data.val(self.rank, self.world_size, self.cfg.batch_size):

@@ -134,8 +134,12 @@ class Trainer(EpochTrainer):
         return state["config"], (state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]), state
 
     # ------------------------------------------------------------------ the loop
-    def _param_arrays(self):
-        return [p.detach().cpu().double().numpy() for p in self.raw_model.parameters()]
+    def _state_arrays(self):
+        state = (*self.raw_model.parameters(), *self.raw_model.buffers())
+        return [t.detach().cpu().double().numpy() for t in state]
+
+    def _average_statistics(self) -> None:
+        self.backend.average_buffers(self.raw_model)
 
     def _train_epoch(self):
         cfg, b, meter = self.cfg, self.backend, self.meter
@@ -200,7 +204,7 @@ class Trainer(EpochTrainer):
 
     @torch.no_grad()
     def _validate(self) -> dict:
-        self.backend.average_buffers(self.raw_model)  # one set of BatchNorm statistics
+        self._average_statistics()  # one set of BatchNorm statistics
         self.model.eval()
         b = self.backend
         sums = torch.zeros(3, dtype=torch.float64)
