@@ -10,19 +10,33 @@ It reports the versions (Python, torch, TensorFlow, Horovod, MPI), Horovod's bui
 which framework ops really load, the launcher and whether every rank agrees with Horovod on its
 rank, size and local rank, GPUs per node against ranks per node, cores and threads per rank, the
 Horovod/MPI settings hvdtrain would apply, a correctness check of allreduce, broadcast and
-allgather on every rank, and the allreduce bandwidth for a small and a large message
-(nccl-tests' algbw and busbw). The last line is the verdict; the exit code is 0 when ready and
-1 with the reasons otherwise. A stage that does not finish within --timeout ends the process
-with a line naming the rank and the stage, so the doctor itself never hangs a job.
+allgather on every rank, a health check of every rank, and the allreduce bandwidth for a small
+and a large message (nccl-tests' algbw and busbw), through Horovod and, beside it, through the
+MPI library directly (mpi4py), so that Horovod's own cost per allreduce shows.
+
+The health check times a short compute kernel on each rank (a float32 matrix product: 4096x4096
+on the rank's GPU, else 512x512 on its CPU threads, torch's or numpy's; the median of a few
+repetitions) and, on GPUs, a 64 MiB copy from pinned host memory to the GPU, and names every
+rank more than --slow-fraction (25 %) below the median of the ranks, with its host: a
+synchronous job runs at the speed of its slowest rank, so a slow rank is a problem for the
+verdict. While some rank looks slow all of them measure again (up to 3 rounds, each keeping its
+best figures), so that only a rank slow every time is named. When none is, one line gives the
+min/median/max.
+
+The last line is the verdict; the exit code is 0 when ready and 1 with the reasons otherwise. A
+stage that does not finish within --timeout ends the process with a line naming the rank and the
+stage, so the doctor itself never hangs a job.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import importlib.metadata as md
+import math
 import os
 import platform
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -49,7 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=5, help="timed allreduces per message size")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds any one stage may take before the doctor ends this rank (0: never)")
+    p.add_argument("--slow-fraction", type=_fraction, default=0.25,
+                   help="a rank whose compute (or GPU copy) figure is more than this fraction below the "
+                        "median of the ranks is a problem (0.25: 25 %% below)")
     return p
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction between 0 and 1 (0.25 = 25 %)")
+    return value
 
 
 class Stage:
@@ -85,7 +109,12 @@ def _imports(module: str):
     try:
         return importlib.import_module(module), None
     except Exception as err:  # noqa: BLE001 - the reason is the report
-        return None, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return None, _one_line(err)
+
+
+def _one_line(err: Exception) -> str:
+    """An exception as its type and the first line of its message."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def scheduler_gpus(environ=None) -> int | None:
@@ -134,6 +163,230 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, 
     return algbw, algbw * (2 * (world_size - 1) / world_size if world_size > 1 else 1.0)
 
 
+# ------------------------------------------------------------------------- per-rank health check
+# The kernel is sized to be timed well (milliseconds per repetition) yet cheap: 2 x 512^3 =
+# 0.27 GFLOP takes ~3 ms on one core of this machine (~100 GFLOP/s) and still only 0.27 s at
+# 1 GFLOP/s, where the warm-up and MIN_REPS make ~1.1 s: well under 2 s per rank on any CPU.
+# 2 x 4096^3 = 137 GFLOP keeps a GPU busy for milliseconds, long past its launch latency.
+CPU_MATMUL_N = 512
+GPU_MATMUL_N = 4096
+H2D_BYTES = 64 * 2**20       # pinned host memory to the GPU: what a data loader's batches cross
+MIN_REPS, MAX_REPS, REPS_BUDGET_S = 3, 15, 0.5
+HEALTH_ROUNDS = 3            # measured again, on every rank, while some rank looks slow (see _measure_health)
+# Test only: HVDTRAIN_DOCTOR_SLOWDOWN=<N> on one rank makes its kernel do N times the work it
+# reports, so that the tests can slow one rank down for real (tests/test_doctor.py). Never set it
+# in a job: the rank it is set on is reported N times slower than it is.
+SLOWDOWN_VAR = "HVDTRAIN_DOCTOR_SLOWDOWN"
+
+
+def slowdown_factor(environ=None) -> int:
+    """The test-only work multiplier from HVDTRAIN_DOCTOR_SLOWDOWN: 1 unless it is a whole number > 1."""
+    text = (os.environ if environ is None else environ).get(SLOWDOWN_VAR, "")
+    return int(text) if text.strip().isdigit() and int(text) > 1 else 1
+
+
+def median_seconds(once, sync=lambda: None) -> tuple[float, int]:
+    """(median seconds of `once()` followed by `sync()`, repetitions timed). One untimed run first
+    (allocations, BLAS/cuBLAS set-up); then MIN_REPS to MAX_REPS runs, fewer once REPS_BUDGET_S is
+    spent. The median, not the mean: one repetition preempted by a daemon must not make a rank slow."""
+    once()
+    sync()
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - started < REPS_BUDGET_S):
+        t0 = time.perf_counter()
+        once()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), len(times)
+
+
+def matmul_gflops(n: int, seconds: float) -> float:
+    """GFLOP/s of one n x n by n x n product (2 n^3 floating-point operations)."""
+    return 2 * n**3 / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def torch_health(torch, device, threads: int, slowdown: int = 1) -> dict:
+    """This rank's compute figure (and, on a GPU, its host-to-GPU copy bandwidth) with torch, on
+    `device` (on a CPU with this rank's compute threads, as training would use them)."""
+    on_gpu = device.type == "cuda"
+    n = GPU_MATMUL_N if on_gpu else CPU_MATMUL_N
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    threads_before = torch.get_num_threads()
+    if not on_gpu:
+        torch.set_num_threads(threads)
+    try:
+        a, b = torch.rand(n, n, device=device), torch.rand(n, n, device=device)
+        c = torch.empty(n, n, device=device)
+
+        def product():
+            for _ in range(slowdown):
+                torch.mm(a, b, out=c)
+
+        seconds, reps = median_seconds(product, sync)
+    finally:
+        torch.set_num_threads(threads_before)
+    where = f"GPU {device.index} ({torch.cuda.get_device_name(device)})" if on_gpu else f"CPU, {threads} thread(s)"
+    figures = {"kernel": f"torch matmul {n}x{n} float32 on {where}, median of {reps}",
+               "gflops": matmul_gflops(n, seconds), "h2d_gbps": None, "slowdown": slowdown}
+    if on_gpu:
+        host = torch.empty(H2D_BYTES // 4, dtype=torch.float32, pin_memory=True)
+        dev = torch.empty(H2D_BYTES // 4, dtype=torch.float32, device=device)
+        copy_seconds, _ = median_seconds(lambda: dev.copy_(host, non_blocking=True), sync)
+        figures["h2d_gbps"] = H2D_BYTES / copy_seconds / 1e9 if copy_seconds > 0 else 0.0
+    return figures
+
+
+def numpy_health(slowdown: int = 1) -> dict:
+    """This rank's compute figure with numpy on its CPU (TensorFlow's checks, which never import
+    torch). numpy's BLAS picks its own thread count, which the doctor cannot set once it is loaded."""
+    import numpy as np
+
+    n = CPU_MATMUL_N
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+
+    def product():
+        for _ in range(slowdown):
+            np.matmul(a, b, out=c)
+
+    seconds, reps = median_seconds(product)
+    return {"kernel": f"numpy matmul {n}x{n} float32 on CPU (numpy's BLAS threads), median of {reps}",
+            "gflops": matmul_gflops(n, seconds), "h2d_gbps": None, "slowdown": slowdown}
+
+
+def tf_gpu_health(tf, gpu: int, slowdown: int = 1) -> dict:
+    """This rank's compute figure with TensorFlow on its GPU (TF's checks with GPUs)."""
+    n = GPU_MATMUL_N
+    with tf.device(f"/GPU:{gpu}"):
+        a, b = tf.random.uniform((n, n)), tf.random.uniform((n, n))
+
+    def product():
+        with tf.device(f"/GPU:{gpu}"):
+            for _ in range(slowdown):
+                c = tf.linalg.matmul(a, b)
+        c[0, 0].numpy()  # eager GPU ops run asynchronously: reading one value waits for them
+
+    seconds, reps = median_seconds(product)
+    return {"kernel": f"tf matmul {n}x{n} float32 on GPU {gpu} (TF32 where TensorFlow uses it), median of {reps}",
+            "gflops": matmul_gflops(n, seconds), "h2d_gbps": None, "slowdown": slowdown}
+
+
+def _fmt_rate(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.3f}"
+
+
+# The figures the health check compares across ranks: key in a rank's figures, name, unit.
+HEALTH_FIGURES = (("gflops", "compute", "GFLOP/s"), ("h2d_gbps", "host-to-GPU copy", "GB/s"))
+
+
+def rank_spread(figures: list[tuple[int, str, float]], what: str, unit: str,
+                slow_fraction: float) -> tuple[list[str], str | None]:
+    """(problems, summary) for one figure measured on every rank, as (rank, host, value): a problem
+    for each rank more than `slow_fraction` below the median of all the ranks, naming its rank and
+    host, or whose figure is not positive (its kernel did not really run); the summary line says
+    that the ranks are even (min/median/max) when no rank is a problem, None otherwise."""
+    if not figures:
+        return [], None
+    median = statistics.median(value for _, _, value in figures)
+    problems = []
+    for rank, host, value in sorted(figures):
+        if median > 0 and value < (1 - slow_fraction) * median:
+            problems.append(f"rank {rank} (host {host}): {what} {_fmt_rate(value)} {unit}, "
+                            f"{(1 - value / median) * 100:.0f} % below the median of the ranks "
+                            f"({_fmt_rate(median)} {unit}): a synchronous job runs at the speed of its slowest rank")
+        elif not (value > 0) or math.isinf(value):
+            problems.append(f"rank {rank} (host {host}): {what} measured {value} {unit}: "
+                            "the check did not run properly")
+    if problems:
+        return problems, None
+    values = [value for _, _, value in figures]
+    if len(values) == 1:
+        return [], f"{what}: {_fmt_rate(values[0])} {unit} on the only rank (nothing to compare it with)"
+    return [], (f"{what}: the {len(values)} ranks are even (none more than {slow_fraction * 100:.0f} % below the "
+                f"median): min {_fmt_rate(min(values))}, median {_fmt_rate(median)}, "
+                f"max {_fmt_rate(max(values))} {unit}")
+
+
+def best_figures(best: dict | None, figures: dict) -> dict:
+    """A rank's figures over its rounds: the highest of each (the least disturbed round)."""
+    if best is None:
+        return dict(figures)
+    merged = dict(best)
+    for key, _, _ in HEALTH_FIGURES:
+        values = [v for v in (best.get(key), figures.get(key)) if v is not None]
+        merged[key] = max(values) if values else None
+    if best.get(HEALTH_FIGURES[0][0]) is None:   # a round that failed before: this one says what ran
+        merged["kernel"] = figures["kernel"]
+    return merged
+
+
+def health_findings(reports: list[dict], slow_fraction: float) -> tuple[list[str], list[str]]:
+    """(summary lines, problems) of the health check over all the ranks' reports."""
+    summaries, problems = [], []
+    for key, what, unit in HEALTH_FIGURES:
+        figures = [(r["rank"], r["host"], r["health"][key]) for r in reports
+                   if r["health"].get(key) is not None]
+        found, summary = rank_spread(figures, what, unit, slow_fraction)
+        problems += found
+        summaries += [summary] if summary else []
+    return summaries, problems
+
+
+# ------------------------------------------------------------------ the same allreduce through MPI
+def _import_mpi4py():
+    """mpi4py's MPI module, told never to initialise or finalise MPI itself: Horovod initialised it
+    (mpi4py then only attaches to it) and Horovod finalises it; a second MPI_Finalize would fail."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+    return MPI
+
+
+def mpi4py_for_comparison(hvd, size: int):
+    """(mpi4py's MPI module, None) when this rank can run the allreduce through the MPI library
+    Horovod runs on, else (None, why not)."""
+    if not hvd.mpi_built():
+        return None, "this Horovod is built without MPI"
+    if not hvd.mpi_enabled():
+        return None, ("Horovod runs with Gloo (horovodrun --gloo, or HOROVOD_CONTROLLER=gloo), "
+                      "so MPI is not initialised")
+    try:
+        MPI = _import_mpi4py()
+    except Exception as err:  # noqa: BLE001 - the reason is the report
+        return None, f"mpi4py does not import ({_one_line(err)})"
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        # mpi4py built against another MPI library than the one Horovod loaded.
+        return None, "mpi4py's MPI library is not the one Horovod initialised"
+    if MPI.COMM_WORLD.Get_size() != size:
+        return None, f"MPI's world has {MPI.COMM_WORLD.Get_size()} ranks, Horovod's {size}"
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        # Horovod's background thread keeps calling MPI: calls from this thread beside it are
+        # only allowed at MPI_THREAD_MULTIPLE (which Horovod asks for, and warns without).
+        return None, "MPI was initialised below MPI_THREAD_MULTIPLE, so no MPI call may run beside Horovod's"
+    return MPI, None
+
+
+def time_mpi_allreduce(MPI, nbytes: int, iters: int) -> float:
+    """Seconds per MPI_Allreduce (sum) of `nbytes` of float32 in host memory across COMM_WORLD:
+    two warm-ups, a barrier, then `iters` timed, as Horovod's are timed."""
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    send = np.ones(max(1, nbytes // 4), dtype=np.float32)
+    recv = np.empty_like(send)
+    for _ in range(2):
+        comm.Allreduce(send, recv, op=MPI.SUM)
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        comm.Allreduce(send, recv, op=MPI.SUM)
+    return (time.perf_counter() - start) / iters
+
+
 class TorchOps:
     def __init__(self, hvd, use_gpu: bool):
         import torch
@@ -156,8 +409,11 @@ class TorchOps:
         got = self.hvd.broadcast(t, root_rank=0, name="doctor.bcast")
         return bool((got == self.torch.arange(1000, dtype=self.torch.float32, device=self.device)).all())
 
-    def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj, name="doctor.gather")
+    def allgather_object(self, obj, name: str = "doctor.gather"):
+        return self.hvd.allgather_object(obj, name=name)
+
+    def health(self, threads: int, slowdown: int) -> dict:
+        return torch_health(self.torch, self.device, threads, slowdown)
 
     def time_allreduce(self, nbytes: int, iters: int) -> float:
         t = self.torch.ones(max(1, nbytes // 4), dtype=self.torch.float32, device=self.device)
@@ -194,8 +450,13 @@ class TFOps:
         got = self.hvd.broadcast(base * float(self.hvd.rank() + 1), root_rank=0, name="doctor.bcast")
         return bool(self.tf.reduce_all(got == base))
 
-    def allgather_object(self, obj):
-        return self.hvd.allgather_object(obj, name="doctor.gather")
+    def allgather_object(self, obj, name: str = "doctor.gather"):
+        return self.hvd.allgather_object(obj, name=name)
+
+    def health(self, threads: int, slowdown: int) -> dict:
+        # The CPU kernel in numpy: these checks run where torch's Horovod ops are missing.
+        gpus = self.gpus()
+        return tf_gpu_health(self.tf, self.hvd.local_rank() % gpus, slowdown) if gpus else numpy_health(slowdown)
 
     def time_allreduce(self, nbytes: int, iters: int) -> float:
         t = self.tf.ones([max(1, nbytes // 4)], dtype=self.tf.float32)
@@ -209,7 +470,9 @@ class TFOps:
 
 def _mpi_library() -> str:
     try:
-        from mpi4py import MPI  # after hvd.init: MPI is initialised already, mpi4py only attaches
+        # After hvd.init: under Horovod's MPI controller MPI is initialised and mpi4py only attaches;
+        # under Gloo it stays uninitialised (the library version needs no MPI_Init).
+        MPI = _import_mpi4py()
 
         # The C string comes with its terminating NUL (Open MPI 4).
         return " ".join(MPI.Get_library_version().replace("\0", "").split("\n")[0].split())
@@ -316,37 +579,91 @@ def run(args) -> int:
     if not bcast_ok:
         problems.append("broadcast from rank 0 gave other values")
 
+    # Right after the checks' collectives, so the ranks time their kernels side by side.
+    stage("health: compute kernel")
+    health = _measure_health(backend, threads, problems, args.slow_fraction)
+
     stage("bandwidth")
     large = (args.large_mib if args.large_mib else (256 if gpus else 16)) * 2**20
+    sizes = (args.small_kib * 2**10, large)
     bandwidth = []
-    for nbytes in (args.small_kib * 2**10, large):
+    for nbytes in sizes:
         bandwidth.append((nbytes, backend.time_allreduce(nbytes, args.iters)))
+
+    stage("bandwidth through MPI (mpi4py)")
+    mpi_bandwidth, mpi_skipped = _mpi_comparison(hvd, backend, size, sizes, args.iters)
 
     stage("gather the ranks' reports")
     mine = {"rank": rank, "size": size, "local_rank": local_rank, "local_size": local_size, "host": host,
             "launcher": env.launcher, "launcher_view": (env.rank, env.world_size, env.local_rank),
             "gpus": gpus, "sched_gpus": sched, "cores": cores, "threads": threads, "reduce_ok": reduce_ok,
-            "bcast_ok": bcast_ok, "bandwidth": bandwidth, "problems": problems, "versions": versions,
+            "bcast_ok": bcast_ok, "bandwidth": bandwidth, "mpi_bandwidth": mpi_bandwidth,
+            "mpi_skipped": mpi_skipped, "health": health, "problems": problems, "versions": versions,
             "listening": netsockets.listening(),
             "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("HOROVOD_", "OMPI_MCA_", "NCCL_"))
                     and not k.startswith(LAUNCHER_INTERNAL)}}
     reports = backend.allgather_object(mine)
 
     if rank == 0:
-        all_problems = _cross_checks(reports)
-        _print_report(reports, versions, built, controller, ops, errors, mpi_lib, applied, already, fw, all_problems)
+        all_problems = _cross_checks(reports, args.slow_fraction)
+        _print_report(reports, versions, built, controller, ops, errors, mpi_lib, applied, already, fw, all_problems,
+                      args.slow_fraction)
         stage("done")
         verdict = 0 if not all_problems else 1
     else:
-        verdict = 0 if not any(r["problems"] for r in reports) and not _cross_checks(reports) else 1
+        verdict = 0 if not _cross_checks(reports, args.slow_fraction) else 1
     stage("shutdown")
     hvd.shutdown()
     return verdict
 
 
-def _cross_checks(reports: list[dict]) -> list[str]:
+def _measure_health(backend, threads: int, problems: list[str], slow_fraction: float) -> dict:
+    """This rank's best health figures over up to HEALTH_ROUNDS rounds. After each round the ranks
+    gather their best figures so far, and all of them measure again while any rank still looks
+    slow: every rank reads the same gathered figures, so all take the same decision and no
+    collective is left waiting. A rank is then named only if it was slow in every round: lasting
+    causes (a throttled GPU, a node slower than its peers, threads sharing cores with another
+    rank's) stay, a burst of another process on a shared node does not."""
+    best = None
+    for round_ in range(HEALTH_ROUNDS):
+        # A kernel that fails is reported from the first round; later rounds only improve figures.
+        best = best_figures(best, _rank_health(backend, threads, problems if round_ == 0 else []))
+        gathered = backend.allgather_object(best, name=f"doctor.health.{round_}")
+        ranks = [{"rank": r, "host": "", "health": figures} for r, figures in enumerate(gathered)]
+        if not health_findings(ranks, slow_fraction)[1]:
+            break
+    if round_:
+        best["kernel"] += f", best of {round_ + 1} rounds"
+    return best
+
+
+def _rank_health(backend, threads: int, problems: list[str]) -> dict:
+    """This rank's health figures; a kernel that fails is this rank's problem, not the doctor's end."""
+    slowdown = slowdown_factor()
+    try:
+        return backend.health(threads, slowdown)
+    except Exception as err:  # noqa: BLE001 - the reason is the report
+        problems.append(f"the compute check failed ({_one_line(err)})")
+        return {"kernel": "failed", "gflops": None, "h2d_gbps": None, "slowdown": slowdown}
+
+
+def _mpi_comparison(hvd, backend, size: int, sizes, iters: int) -> tuple[list, str | None]:
+    """([(bytes, seconds per MPI_Allreduce)], None), or ([], why it was skipped). Every rank must
+    take the same way (one rank in MPI_Barrier alone would hang), so the ranks first tell each
+    other, through Horovod, whether they can; any rank's reason skips it on all of them."""
+    MPI, why_not = mpi4py_for_comparison(hvd, size)
+    reasons = backend.allgather_object(why_not, name="doctor.mpi4py")
+    refused = [(r, why) for r, why in enumerate(reasons) if why]
+    if refused:
+        r, why = refused[0]
+        return [], why if len(refused) == size and len(set(reasons)) == 1 else f"rank {r}: {why}"
+    return [(nbytes, time_mpi_allreduce(MPI, nbytes, iters)) for nbytes in sizes], None
+
+
+def _cross_checks(reports: list[dict], slow_fraction: float) -> list[str]:
     """Problems seen from all ranks together, each naming its rank or host."""
     problems = [f"rank {r['rank']}: {p}" for r in reports for p in r["problems"]]
+    problems += health_findings(reports, slow_fraction)[1]
     size = reports[0]["size"]
     ranks = sorted(r["rank"] for r in reports)
     if ranks != list(range(size)):
@@ -368,7 +685,8 @@ def _cross_checks(reports: list[dict]) -> list[str]:
     return problems
 
 
-def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, applied, already, fw, problems):
+def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, applied, already, fw, problems,
+                  slow_fraction):
     size = reports[0]["size"]
     hosts = sorted({r["host"] for r in reports})
     out = lambda head, text="": say(f"{head:<11}{text}")  # noqa: E731
@@ -415,11 +733,16 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
             + (f" ({len(outside)} reachable from other hosts)" if outside else ""))
     ok = sum(r["reduce_ok"] and r["bcast_ok"] for r in reports)
     out("check", f"allreduce (sum, average) and broadcast correct on {ok}/{size} rank(s)")
+    _print_health(out, reports, slow_fraction)
     for i, (nbytes, _) in enumerate(reports[0]["bandwidth"]):
         seconds = max(r["bandwidth"][i][1] for r in reports)  # the slowest rank sets the pace
-        algbw, busbw = bus_bandwidth(nbytes, seconds, size)
-        out("bandwidth" if i == 0 else "", f"allreduce {_fmt_bytes(nbytes):>8}: {seconds * 1e3:9.3f} ms, "
-                                           f"algbw {algbw:7.3f} GB/s, busbw {busbw:7.3f} GB/s")
+        out("bandwidth" if i == 0 else "", _allreduce_line(nbytes, "Horovod", seconds, size))
+        if reports[0]["mpi_bandwidth"]:
+            mpi_seconds = max(r["mpi_bandwidth"][i][1] for r in reports)
+            out("", _allreduce_line(nbytes, "MPI (mpi4py)", mpi_seconds, size)
+                + f"; Horovod - MPI: {(seconds - mpi_seconds) * 1e3:+.3f} ms per allreduce")
+    if reports[0]["mpi_skipped"]:
+        out("", f"MPI comparison (mpi4py) skipped: {reports[0]['mpi_skipped']}")
     if problems:
         for p in problems:
             out("problem", p)
@@ -427,6 +750,26 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
     else:
         fws = ", ".join(sorted("hvdtrain.torch" if f == "torch" else "hvdtrain.tf" for f in ops))
         say(f"{PROG}: READY: {size} rank(s) on {len(hosts)} host(s) can train with {fws}")
+
+
+def _allreduce_line(nbytes: int, through: str, seconds: float, size: int) -> str:
+    algbw, busbw = bus_bandwidth(nbytes, seconds, size)
+    return (f"allreduce {_fmt_bytes(nbytes):>8} {through:<12} {seconds * 1e3:9.3f} ms, "
+            f"algbw {algbw:7.3f} GB/s, busbw {busbw:7.3f} GB/s")
+
+
+def _print_health(out, reports, slow_fraction: float) -> None:
+    """Each rank's figures, then per figure the ranks that are slow or one line saying they are even."""
+    for r in sorted(reports, key=lambda r: r["rank"]):
+        h = r["health"]
+        figures = ", ".join(f"{what} {_fmt_rate(h[key])} {unit}" for key, what, unit in HEALTH_FIGURES
+                            if h.get(key) is not None) or "no figure"
+        slowed = (f"; slowed x{h['slowdown']} by {SLOWDOWN_VAR}, a test setting" if h["slowdown"] > 1 else "")
+        out("health" if r["rank"] == 0 else "",
+            f"rank {r['rank']} (host {r['host']}): {figures} ({h['kernel']}{slowed})")
+    summaries, slow = health_findings(reports, slow_fraction)
+    for line in summaries + slow:
+        out("", line)
 
 
 def main(argv=None) -> None:
