@@ -9,8 +9,6 @@ HVDTRAIN_PHASES=0 (no marks, no autograd callback):
   torch-digits-on/off   hvdtrain.torch, Horovod, mnist_cnn on the digits (steps of a few ms: the
                         marks' fixed cost weighs most here)
   torch-resnet-on/off   hvdtrain.torch, Horovod, ResNet-18 on synthetic 64x64 images
-  tf-resnet-on/off      hvdtrain.tf, Horovod, ResNet-18 on synthetic 64x64 images (HVDTRAIN_PHASES=0
-                        drops the host marks; the step's in-graph timestamps stay)
 
 and prints img/s (median over repeats) and each ratio on / off. Numbers are benchmark output,
 never test assertions: this machine is shared and noisy.
@@ -38,7 +36,6 @@ def configs(a):
     workloads = {
         "torch-digits": ["hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "3"],
         "torch-resnet": ["hvdtrain.torch", *resnet],
-        "tf-resnet": ["hvdtrain.tf", *resnet],
     }
     table = {}
     for workload, argv in workloads.items():
@@ -73,7 +70,7 @@ def main():
             last = phases[n][-1] if phases[n] else None
             shown = ", ".join(f"{k} {v:.1f}" for k, v in last.items()) if last else "off"
             lines.append(f"| {n} | {med[n]:.2f} | {' '.join(f'{v:.2f}' for v in results[n])} | {shown} |")
-    ratios = {w: med[f"{w}-on"] / med[f"{w}-off"] for w in ("torch-digits", "torch-resnet", "tf-resnet")
+    ratios = {w: med[f"{w}-on"] / med[f"{w}-off"] for w in ("torch-digits", "torch-resnet")
               if f"{w}-on" in med and f"{w}-off" in med}
     lines += ["", "| breakdown on / off | ratio |", "|---|---|"]
     lines += [f"| {w} | {r:.3f} |" for w, r in ratios.items()]

@@ -91,7 +91,7 @@ BACKENDS: tuple[Backend, ...] = (
                               "--backend horovod or ddp)")),
             parity_with="ddp"),
     Backend("tf", "horovod", "hvdtrain.tf.backend_horovod", "HorovodBackend", "horovod-tf",
-            "Horovod: allreduce of the tape's gradients (as DistributedGradientTape) / DistributedOptimizer, broadcast from rank 0",
+            "Horovod: DistributedGradientTape / DistributedOptimizer, broadcast from rank 0",
             refusals=_TF_COMMON + (
                 Refusal(lambda cfg: cfg.use_adasum and cfg.fp16_allreduce,
                         "--use-adasum with --fp16-allreduce is not supported by Horovod-TF"),),

@@ -1,10 +1,10 @@
 """Horovod for the TF trainer: the product's backend (hvdtrain/backends.py lists them all).
 
-It answers what the loops ask (hvdtrain/tf/loops.py): average a tape's gradients (custom loop) or
-wrap a Keras optimizer plus its callbacks (fit loop), broadcast variables from rank 0, average
-BatchNorm statistics, and the collectives of hvdtrain.collectives.
+It answers what the loops ask (hvdtrain/tf/loops.py): wrap a GradientTape (custom loop) or a Keras
+optimizer plus its callbacks (fit loop), broadcast variables from rank 0, average BatchNorm
+statistics, and the collectives of hvdtrain.collectives.
 
-    grads = backend.reduce_gradients(tape.gradient(loss, sources), cfg)   # averaged over ranks
+    tape = backend.distributed_tape(tape, cfg)          # gradients averaged over ranks
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ class HorovodBackend:
 
     # The loss of a rank's batch is used as is: Horovod averages the gradients.
     gradient_scale = 1.0
-    reduces_in_optimizer = False  # reduce_gradients averages them before the update
 
     def __init__(self, cfg, cores_per_rank: int):
         self.hvd = hvd = import_horovod("horovod.tensorflow")
@@ -43,13 +42,9 @@ class HorovodBackend:
                 "op": hvd.Adasum if cfg.use_adasum else hvd.Average}
 
     # Custom loop ---------------------------------------------------------------------------
-    def reduce_gradients(self, grads, cfg):
-        # Horovod: what DistributedGradientTape.gradient() does once the tape has the local
-        # gradients: one allreduce (average) per gradient, each starting when its gradient is
-        # ready, fused by Horovod's background thread. Called by the loop itself so that it can
-        # time the wait for the other ranks apart from compute (hvdtrain/phases.py).
-        options = self._reduce_options(cfg)
-        return [None if g is None else self.hvd.allreduce(g, **options) for g in grads]
+    def distributed_tape(self, tape, cfg):
+        # Horovod: tape.gradient() returns the gradients allreduced (averaged) over ranks.
+        return self.hvd.DistributedGradientTape(tape, **self._reduce_options(cfg))
 
     # Keras fit loop ------------------------------------------------------------------------
     def keras_optimizer(self, optimizer, cfg):

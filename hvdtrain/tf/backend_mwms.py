@@ -37,7 +37,6 @@ def cluster_resolver(env: ClusterEnv):
 
 class MWMSBackend:
     name = "mwms"
-    reduces_in_optimizer = True  # the Keras optimizer all-reduces the gradients (see reduce_gradients)
 
     def __init__(self, cfg, cores_per_rank: int):
         env = ClusterEnv.from_environ()
@@ -60,10 +59,8 @@ class MWMSBackend:
     def run(self, step_fn, *args):
         return self.strategy.run(step_fn, args=args)
 
-    def reduce_gradients(self, grads, cfg):
-        # The Keras optimizer all-reduces the gradients under the strategy, inside apply_gradients:
-        # MWMS's sync is timed as part of the optimizer phase (hvdtrain/phases.py).
-        return grads
+    def distributed_tape(self, tape, cfg):
+        return tape  # the optimizer all-reduces the gradients under the strategy
 
     def _sum(self, array: np.ndarray) -> np.ndarray:
         if self.world_size == 1:

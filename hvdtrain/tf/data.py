@@ -57,7 +57,13 @@ class TFData:
         order = np.random.default_rng([seed, epoch]).permutation(self.train_size)
         ds = tf.data.Dataset.from_tensor_slices(order).shard(world_size, rank)
         ds = ds.take(steps * batch_size).skip(skip_steps * batch_size)
-        return self._load(ds, self.load_train, batch_size, drop_remainder=True)
+        load = self.load_train
+        if self.per_sample:
+            # Augmentations drawn from (seed, epoch, sample), not from a stream: a run resumed in
+            # the middle of an epoch draws what the uninterrupted run drew (as the torch trainer).
+            epoch_key = tf.constant(seed * 1_000_003 + epoch, tf.int64)
+            load = lambda i: self.load_train(i, tf.stack([epoch_key, i]))  # noqa: E731
+        return self._load(ds, load, batch_size, drop_remainder=True)
 
     def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
         shard = np.array(datasets.exact_shard(self.val_size, rank, world_size), dtype=np.int64)
@@ -113,14 +119,16 @@ def _imagefolder(cfg, threads: int) -> TFData:
         paths, labels = _list_files(root, classes)
         paths_t, labels_t = tf.constant(paths), tf.constant(labels, dtype=tf.int64)
 
-        def load(i):
+        def load(i, sample_seed=None):
             image = tf.io.decode_image(tf.io.read_file(paths_t[i]), channels=3, expand_animations=False)
             image = tf.image.convert_image_dtype(image, tf.float32)
             # Resize to 1.14 x size, then crop: random (+flip) for training,
             # central for validation, as the torch trainer does.
             image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
             if train:
-                image = tf.image.random_flip_left_right(tf.image.random_crop(image, [size, size, 3]))
+                crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(sample_seed, 2))
+                image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
+                image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
             else:
                 image = tf.image.resize_with_crop_or_pad(image, size, size)
             return (image - mean) / std, labels_t[i]

@@ -10,7 +10,7 @@ routes `tf.keras` to it when TF_USE_LEGACY_KERAS=1 is set before `import tensorf
     keras = keras_compat.select("fit")          # Keras 2 (tf_keras), before tensorflow is imported
     hvd = keras_compat.import_horovod_keras()   # horovod.tensorflow.keras, working
 
-`--loop custom` needs no Horovod Keras code (only hvd.allreduce of the tape's gradients), so it runs on the
+`--loop custom` needs no Horovod Keras code (only DistributedGradientTape), so it runs on the
 current Keras 3.
 """
 from __future__ import annotations

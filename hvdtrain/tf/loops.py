@@ -27,12 +27,6 @@ def l2_penalty(variables, weight_decay: float):
     return weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in variables])  # l2_loss = sum(v**2) / 2
 
 
-def timestamp_after(tensors):
-    """Seconds (tf.timestamp) once all of `tensors` exist."""
-    with tf.control_dependencies([t for t in tensors if t is not None]):
-        return tf.timestamp()
-
-
 def step_stats(labels, logits):
     """(sum of cross-entropy, correct, count) of a batch, float64: metrics reduce as sums."""
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
@@ -42,8 +36,7 @@ def step_stats(labels, logits):
 
 
 class CustomLoop:
-    """A tf.function step averaging the tape's gradients with Horovod (as DistributedGradientTape
-    does), on the current Keras (3)."""
+    """A tf.function step with Horovod's DistributedGradientTape, on the current Keras (3)."""
 
     def __init__(self, cfg, keras, model, backend, trainer):
         self.cfg, self.model, self.backend, self.trainer = cfg, model, backend, trainer
@@ -70,20 +63,11 @@ class CustomLoop:
                     loss += l2_penalty(model.trainable_variables, decay)
                 # tf.distribute sums gradients over replicas; Horovod averages them (scale 1).
                 loss = loss * backend.gradient_scale
+            # Horovod: the tape's gradients come back averaged over ranks.
+            tape = backend.distributed_tape(tape, cfg)
             grads = tape.gradient(loss, sources)
-            # In-graph timestamps split the step (hvdtrain/phases.py): the last local gradient,
-            # the last averaged one, the update. Each depends only on what it times, so the
-            # allreduces still start as their gradients come and overlap the rest of backward.
-            local_done = timestamp_after(grads)
-            # Horovod: the gradients averaged over ranks (what DistributedGradientTape does).
-            grads = backend.reduce_gradients(grads, cfg)
-            reduced = timestamp_after(grads)
-            with tf.control_dependencies([reduced]):  # else the update may run before the stamp
-                grads = [None if g is None else tf.identity(g) for g in grads]
             self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            # After the update: reads of the updated variables come after their assignments.
-            applied = timestamp_after([v.read_value() for v in sources])
-            return stats, tf.stack([reduced - local_done, applied - reduced])
+            return stats
 
         @tf.function
         def train_step(x, y):
@@ -94,19 +78,12 @@ class CustomLoop:
         return list(self.optimizer.variables)
 
     def run_epoch(self, dataset, epoch: int, steps: int, start_step: int) -> None:
-        meter = self.trainer.meter
         for i, (x, y) in enumerate(dataset):
             if i == steps:
                 break
-            meter.before_step()
-            meter.phase("data")
+            self.trainer.meter.before_step()
             self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.global_step)
-            stats, (sync_s, update_s) = (t.numpy() for t in self.train_step(x, y))
-            meter.phase("compute")
-            meter.phases.add("sync", sync_s)
-            # tf.distribute all-reduces inside the optimizer's update: there the wait is the update's.
-            meter.phases.add("sync" if self.backend.reduces_in_optimizer else "optimizer", update_s)
-            if self.trainer._step_done(stats):
+            if self.trainer._step_done(self.train_step(x, y).numpy()):
                 break
 
 
@@ -136,7 +113,6 @@ class FitLoop:
         self.lr_callbacks = self._lr_callbacks(keras, backend)
         self.callbacks = backend.fit_callbacks() + self.lr_callbacks
         self.progress = _Progress(keras, trainer, cfg.batch_size)
-        trainer.meter.phases.disable()  # Keras runs fit's step: its phases are not ours to mark
 
     def _lr_callbacks(self, keras, backend) -> list:
         cfg, spe = self.cfg, self.trainer.steps_per_epoch
