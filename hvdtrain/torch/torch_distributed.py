@@ -110,7 +110,15 @@ class TorchDistributedCollectives:
             optimizer.load_state_dict(self.broadcast_object(optimizer.state_dict()))
 
     def average_buffers(self, model):
-        pass  # DDP broadcasts rank 0's buffers at every forward: they are equal already.
+        # DDP broadcasts rank 0's buffers before every forward, but each rank's forward then
+        # updates its running statistics with its own batch: after the last step they differ.
+        # Averaged as the Horovod backend does, so checkpoints and results hold every rank's.
+        if self.world_size == 1:
+            return
+        for t in model.buffers():
+            if t.is_floating_point():
+                self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
+                t.div_(self.world_size)
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         out = torch.tensor(np.asarray(values, dtype=np.float64))  # a copy, on the CPU (Gloo)
