@@ -41,15 +41,15 @@ def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
 
 class StepMeter:
     def __init__(self, backend: Collectives, reporter, signal_name: Callable[[], str | None],
-                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int,
-                 phases: PhaseClock | None = None):
+                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int):
         self.backend, self.reporter = backend, reporter
         self.signal_name, self.current_lr = signal_name, current_lr
         self.log_interval, self.warmup_steps, self.samples_per_step = log_interval, warmup_steps, samples_per_step
         self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
         self.timed_seconds, self.timed_samples, self.timed_steps_total = 0.0, 0, 0
-        # Where the timed steps' time goes (hvdtrain/phases.py): the trainer marks each phase's end.
-        self.phases = phases or PhaseClock()
+        # Where the timed steps' time goes (hvdtrain/phases.py): the trainer marks each phase's end
+        # (and may replace this host clock by a device one before training).
+        self.phases = PhaseClock()
         self.epoch_phases_ms: dict | None = None  # the last epoch's, per timed step
         self._phases_at_epoch_start = dict(self.phases.seconds)
         self.injected_delay = injected_delay(backend.rank)  # test-only: a rank made slow on purpose

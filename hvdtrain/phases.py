@@ -6,15 +6,16 @@ synchronisation. So each rank splits its timed steps into phases, and rank 0 com
 
     data       waiting for the next batch (the loader, the copy to the device)
     compute    forward and backward, up to the last local gradient
-    sync       the gradient synchronisation not hidden behind compute: Horovod's synchronize()
-               (torch) or allreduce of the tape's gradients (TF), the end of DDP's backward
+    sync       the gradient synchronisation not hidden behind compute: Horovod's synchronize(),
+               the end of DDP's backward, the metrics' reduction, the epoch's closing barrier
     optimizer  the optimizer step and the LR schedule
     other      the trainer's own bookkeeping: metrics, the stop vote, logging
 
 The trainer marks the end of each phase (`clock.mark("compute")`): a phase's time is from the
 previous mark to its own, so the phases of a step add up to the step. Host marks use the monotonic
-clock; on a GPU the torch trainer records CUDA events instead and reads them only when the meter
-reduces its metrics anyway (hvdtrain/torch/phases.py), adding no synchronisation.
+clock; on a GPU the torch trainer records CUDA events instead and reads them at the end of each
+epoch (hvdtrain/torch/phases.py), adding no synchronisation. The TF trainer is not split yet
+(hvdtrain/tf/train.py says why).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class PhaseClock:
     def __init__(self, enabled: bool | None = None):
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.running = False
-        self.enabled = phases_enabled() if enabled is None else enabled  # False: a loop hvdtrain does not drive (Lightning's) is not split
+        # False: a loop hvdtrain does not drive (Lightning's) is not split.
+        self.enabled = phases_enabled() if enabled is None else enabled
 
     def disable(self) -> None:
         self.enabled = self.running = False
@@ -63,12 +65,6 @@ class PhaseClock:
             now = time.perf_counter()
             self.seconds[phase] += now - self.last
             self.last = now
-
-    def add(self, phase: str, seconds: float) -> None:
-        """Move time measured inside the step (TF's in-graph timestamps) from `compute` to `phase`."""
-        if self.running:
-            self.seconds[phase] += seconds
-            self.seconds["compute"] -= seconds
 
     def resolve(self) -> None:
         """Bring pending device timings into self.seconds (nothing to do on the host clock)."""
