@@ -46,6 +46,7 @@ class StepMeter:
         self.signal_name, self.current_lr = signal_name, current_lr
         self.log_interval, self.warmup_steps, self.samples_per_step = log_interval, warmup_steps, samples_per_step
         self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
+        self.first_step_at = None
         self.timed_seconds, self.timed_samples, self.timed_steps_total = 0.0, 0, 0
         # Where the timed steps' time goes (hvdtrain/phases.py): the trainer marks each phase's end
         # (and may replace this host clock by a device one before training).
@@ -86,6 +87,8 @@ class StepMeter:
         self.bar = self.reporter.progress(steps, label)
 
     def before_step(self) -> None:
+        if self.first_step_at is None:  # a run's elapsed time (history's elapsed_s) counts from here
+            self.first_step_at = time.monotonic()
         if not self.timing and self.steps_run >= self.warmup_steps:
             self.backend.barrier()  # every rank starts the clock together
             self.timing, self.t0 = True, time.perf_counter()

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import socket
+import time
 
 from hvdtrain import backends, recipes, tuning
 from hvdtrain import checkpoint as ckpt
@@ -317,7 +318,10 @@ class EpochTrainer(abc.ABC):
         epoch_done = self.step_in_epoch >= self.steps_per_epoch
         if not stopped_by:
             record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
-                      "global_step": self.global_step, **train_metrics, **val_metrics}
+                      "global_step": self.global_step, **train_metrics, **val_metrics,
+                      # Since this process's first step (a resumed run counts from its restart):
+                      # the scaling study's time per epoch and time to an accuracy.
+                      "elapsed_s": time.monotonic() - (self.meter.first_step_at or time.monotonic())}
             self.history.append(record)
             rate = self.meter.images_per_sec or float("nan")
             val = (f"val loss {val_metrics['val_loss']:.4f} acc {val_metrics['val_acc']:.4f} "

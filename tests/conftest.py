@@ -157,7 +157,7 @@ def uninterrupted(slurm_cluster, tmp_path_factory):
 
 
 # Fixtures that start real daemons or set-ups: a test that uses one is in the distributed tier.
-SLOW_FIXTURES = {"slurm_cluster", "uninterrupted", "two_node_cluster", "site_shaped_controller", "cluster_user",
+SLOW_FIXTURES = {"slurm_cluster", "uninterrupted", "three_node_cluster", "site_shaped_controller", "cluster_user",
                  "cluster_root"}
 
 
