@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -200,12 +199,13 @@ def main(argv=None) -> None:
             raise UsageError("--repeats must be >= 1")
         if args.nodes:
             sizes = _sizes(args.nodes, "--nodes")
-            if shutil.which("sbatch"):
+            no_slurm = study.slurm_unreachable()
+            if not no_slurm:
                 sys.exit(study.start(args, {b: BACKENDS[b] for b in backends}, workload, sizes, args.generator_args))
-            per_node = study.generator_job(args.generator_args).tasks_per_node
+            per_node = study.generator_job(args.generator_args).tasks_per_node if args.generator_args else 1
             nps = [n * per_node for n in sizes]
-            print(f"[compare] no Slurm here (sbatch not found): {args.nodes} node(s) run as {nps} rank(s) on this "
-                  "host with mpirun", flush=True)
+            print(f"[compare] {no_slurm}: {args.nodes} node(s) run as {nps} rank(s) on this host with mpirun",
+                  flush=True)
             args.launcher = "mpirun" if args.launcher == "auto" else args.launcher
         else:
             nps = _sizes(args.np, "--np")

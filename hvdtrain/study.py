@@ -24,6 +24,7 @@ import glob
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,20 @@ ACTIVE = ("pending", "configuring", "running", "completing", "requeued", "resizi
 # The collection's exit status: 0 every job has its result; 1 some job failed; 3 some are not done.
 EXIT_FAILED, EXIT_NOT_DONE = 1, 3
 _OWNED = ("--nodes", "--framework", "--job-name", "-o", "--output", "--doctor")
+
+
+def slurm_unreachable() -> str | None:
+    """Why no job can be submitted from here (no sbatch, or no cluster answers), or None."""
+    if shutil.which("sbatch") is None:
+        return "no Slurm here (sbatch not found)"
+    try:
+        asked = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"no Slurm cluster answers here (sinfo: {err})"
+    if asked.returncode != 0:
+        last = (asked.stderr.strip().splitlines() or [f"exit {asked.returncode}"])[-1]
+        return f"no Slurm cluster answers here (sinfo: {last})"
+    return None
 
 
 def generator_job(generator_args: list[str]) -> slurm.Job:

@@ -175,3 +175,21 @@ def test_an_interrupted_comparison_leaves_no_process(tmp_path, request, launcher
     if launcher == "srun":
         queued = subprocess.run(["squeue", "--noheader", "--format=%i %j"], capture_output=True, text=True).stdout
         assert "hvdtrain-compare" not in queued, queued
+
+
+def test_nodes_without_slurm_run_on_this_host_under_strong_scaling(tmp_path):
+    """`--nodes 1,2` where no Slurm cluster answers runs 1 and 2 ranks on this host with mpirun, as
+    --np does; strong scaling halves the per-rank batch at 2 ranks and keeps the LR."""
+    env = base_env()
+    env.pop("SLURM_CONF", None)  # sbatch is installed, but no cluster is configured for it
+    out = tmp_path / "cmp"
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "resnet18-synthetic-small", "--nodes", "1,2",
+                           "--backends", "horovod-torch", "--scaling", "strong", "--timeout", "300", "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "no Slurm cluster answers here (sinfo:" in done.stdout and "run as [1, 2] rank(s) on this host" in done.stdout
+    report = json.loads((out / "compare.json").read_text())
+    configs = {m["np"]: json.loads(open(m["result_json"]).read())["config"] for m in report["measurements"]}
+    assert configs[1]["per_rank_batch_size"] == 8 and configs[2]["per_rank_batch_size"] == 4
+    assert configs[1]["lr"] == pytest.approx(configs[2]["lr"]) and configs[1]["global_batch_size"] == 8
+    assert "Strong scaling: global batch 8 at every size" in (out / "compare.md").read_text()
