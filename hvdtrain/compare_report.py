@@ -230,7 +230,7 @@ def write_markdown(path: str, report: dict) -> None:
                          f"{fmt(r.get('slowest_rank_images_per_sec'), '.2f')} | "
                          f"{fmt(r['scaling_efficiency'], '.3f')} | {fmt(r.get('overhead_vs_ddp'), '+.1%')} | "
                          f"{fmt(r['val_acc'], '.4f')} |")
-    size = "nodes" if study else "N"
+    size = "node count" if study else "N"
     lines += ["", f"E(N) = (img/s per rank at N) / (img/s per rank at the smallest {size} measured), per backend."
               + ("" if study else " Overhead vs ddp = img/s of ddp / img/s of the backend - 1 at the same N: the "
                                   "extra time per sample (negative: faster than ddp)."), "",
