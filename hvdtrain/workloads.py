@@ -28,7 +28,7 @@ class Workload:
     synthetic_size: int = 1024
     warmup_steps: int = 3        # steps excluded from timing
     seed: int = 42
-    purpose: str = "throughput"  # throughput | accuracy
+    purpose: str = "throughput"  # throughput | parity (losses only) | accuracy
     given_args: tuple[str, ...] = ()  # a user's own trainer options (`custom`), used as given
 
     def trainer_args(self, batch_size: int | None = None, base_lr: float | None = None) -> list[str]:
@@ -82,6 +82,10 @@ WORKLOADS = {w.name: w for w in [
     # Small and fast: for tests and quick checks on a laptop-like machine.
     Workload("resnet18-synthetic-small", "resnet18", "synthetic", batch_size=8, optimizer="sgd", base_lr=0.01,
              steps=6, image_size=64, synthetic_size=128, warmup_steps=2),
+    # Parity in seconds (the test suite's comparison): the digits CNN for 2 epochs; the pairs'
+    # losses must agree, accuracies across frameworks are not compared (digits-cnn does that).
+    Workload("digits-cnn-quick", "mnist_cnn", "digits", batch_size=32, optimizer="adam", base_lr=0.003,
+             lr_schedule="cosine", epochs=2, image_size=8, purpose="parity"),
     # Accuracy: the real 8x8 digits, MNIST-style CNN, 20 epochs (about 98.5% in torch and TF).
     Workload("digits-cnn", "mnist_cnn", "digits", batch_size=32, optimizer="adam", base_lr=0.003, lr_schedule="cosine",
              epochs=20, image_size=8, purpose="accuracy"),

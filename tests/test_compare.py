@@ -17,8 +17,11 @@ BACKENDS = ["horovod-torch", "ddp", "accelerate", "lightning", "horovod-tf", "tf
 
 @pytest.mark.timeout(1800)
 def test_compare_digits_all_backends(tmp_path):
+    """The short parity workload (2 epochs of the digits; the 20-epoch accuracy run, digits-cnn,
+    regenerates docs/comparison.md): every backend at 1 and 2 ranks, its figures in the report,
+    and each pair's losses equal over the first 10 steps."""
     out = tmp_path / "cmp"
-    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn", "--np", "1,2",
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--workload", "digits-cnn-quick", "--np", "1,2",
                            "--timeout", "300", "--out", str(out)],
                           capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -30,26 +33,23 @@ def test_compare_digits_all_backends(tmp_path):
 
     rows = {(r["backend"], r["np"]): r for r in report["summary"]}
     for backend in BACKENDS:
-        for np in (1, 2):
-            row = rows[(backend, np)]
-            assert row["total_images_per_sec"] > 0 and row["weights_equal_across_ranks"], row
-            assert row["val_acc"] >= 0.95, row
         # The table's figures are the trainers' own (each run's result file), and E(2) is in the
         # table as reported (its arithmetic is checked with known numbers in test_compare_summary.py).
         for np in (1, 2):
+            row = rows[(backend, np)]
+            assert row["total_images_per_sec"] > 0 and row["weights_equal_across_ranks"], row
             [m] = [m for m in report["measurements"] if m["backend"] == backend and m["np"] == np]
             trainer = json.loads(open(m["result_json"]).read())
-            assert rows[(backend, np)]["total_images_per_sec"] == trainer["throughput"]["total_images_per_sec"]
-            assert len(trainer["ranks"]) == np
+            assert row["total_images_per_sec"] == trainer["throughput"]["total_images_per_sec"]
+            assert len(trainer["ranks"]) == np and trainer["final"]["val_acc"] > 0.5, trainer["final"]
         e2 = rows[(backend, 2)]["scaling_efficiency"]
         assert 0 < e2 < 1.5 and f"| {backend} | 2 |" in table and f"{e2:.3f}" in table.split(f"| {backend} | 2 |")[1].split("\n")[0]
-    # Parity: each pair's losses agree over the first steps; all six accuracies within 1 point.
+    # Parity: each pair's losses agree over the first steps (not accuracies: a parity workload).
     pairs = [c for c in report["parity"]["checks"] if "pair" in c]
     assert {tuple(c["pair"]) for c in pairs} == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("ddp", "lightning"),
                                                  ("horovod-tf", "tf-mwms")}
-    assert all(c["ok"] and c["steps_compared"] == 10 for c in pairs), pairs
-    accs = [c for c in report["parity"]["checks"] if "accuracy" in c]
-    assert len(accs) == 2 and all(c["ok"] and len(c["accuracy"]) == len(BACKENDS) for c in accs), accs
+    assert all(c["ok"] and c["steps_compared"] == 10 for c in pairs) and len(pairs) == 8, pairs
+    assert not [c for c in report["parity"]["checks"] if "accuracy" in c]
     # Every measurement records the environment it ran in.
     assert report["versions"]["horovod"] == importlib.metadata.version("horovod") and report["threads_per_rank"] == 1
     assert all(m["threads"] == [1] * m["np"] for m in report["measurements"])
