@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hvdtrain import backends, compare
+from hvdtrain import backends, compare, compare_report
 from hvdtrain.config import TrainConfig, build_parser
 from hvdtrain.errors import UsageError
 
@@ -45,7 +45,7 @@ def test_each_backend_has_its_own_module_importing_no_other_backend(backend):
 
 def test_compare_runs_every_backend_and_pairs_each_with_its_reference():
     assert set(compare.BACKENDS) == {"horovod-torch", "ddp", "accelerate", "lightning", "horovod-tf", "tf-mwms"}
-    assert set(compare.PARITY_PAIRS) == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("ddp", "lightning"),
+    assert set(compare_report.PARITY_PAIRS) == {("horovod-torch", "ddp"), ("ddp", "accelerate"), ("ddp", "lightning"),
                                          ("horovod-tf", "tf-mwms")}
     assert compare.TORCHRUN_BACKENDS == ("ddp", "accelerate", "lightning")
     assert compare.BACKENDS["tf-mwms"].trainer_args() == ["-m", "hvdtrain.tf", "--backend", "mwms", "--loop", "custom"]
