@@ -1,16 +1,19 @@
 """The data-parallel backends of each trainer, in one table: what `--backend` accepts, what
-`hvdtrain.compare` runs, and which options each backend refuses all come from here.
+`hvdtrain.compare` runs, and the options each backend refuses for reasons of its own.
 
     python -m hvdtrain.torch --backend ddp ...     # torch: horovod (the product) | ddp | accelerate | lightning
     python -m hvdtrain.tf --backend mwms ...       # tf: horovod (the product) | mwms
 
 A backend lives in its own module (hvdtrain/<framework>/backend_<name>.py) and is imported only
 when chosen, so that this table, the CLI and the option checks need neither torch, TensorFlow nor
-Horovod. Its class is built as `Class(cfg, cores_per_rank)` and offers
-`hvdtrain.collectives.Collectives` plus what its framework's trainer calls.
+Horovod. Its class is built as `Class(cfg, cores_per_rank)` and subclasses its framework's
+interface (INTERFACES: `hvdtrain.collectives.Collectives` plus everything that framework's
+trainer calls; tests/test_backend_interfaces.py checks every row against it).
 
 An option a backend cannot honour is refused before anything starts, never silently ignored:
-each refusal below names the option and says what to use instead.
+an option only some backends honour says which in its TrainConfig field (`backends=`,
+hvdtrain/config.py), and the others refuse it when it is given; the refusals below are each
+backend's own, and each names the option and says what to use instead.
 """
 from __future__ import annotations
 
@@ -43,15 +46,22 @@ class Backend:
         """The trainer command for this backend (after the Python interpreter)."""
         return ["-m", f"hvdtrain.{self.framework}", "--backend", self.name, *self.compare_args]
 
+    def implementation(self) -> type:
+        """The backend's class (imports its module, and with it its framework)."""
+        return getattr(importlib.import_module(self.module), self.cls)
+
+    def interface(self) -> type:
+        """The class every backend of this framework subclasses."""
+        module, cls = INTERFACES[self.framework]
+        return getattr(importlib.import_module(module), cls)
+
     def start(self, cfg, cores_per_rank: int):
         """Import the backend's module and start it (hvd.init(), init_process_group, ...)."""
-        return getattr(importlib.import_module(self.module), self.cls)(cfg, cores_per_rank)
+        return self.implementation()(cfg, cores_per_rank)
 
 
-def _horovod_only(option: str, backend: str) -> Refusal:
-    attr = option.removeprefix("--").replace("-", "_")
-    return Refusal(lambda cfg: bool(getattr(cfg, attr)) if attr != "cycle_time_ms" else cfg.cycle_time_ms is not None,
-                   f"{option} is a Horovod option, which --backend {backend} does not have (use --backend horovod)")
+# What each framework's trainer asks of a backend: (module, class).
+INTERFACES = {"torch": ("hvdtrain.torch.backend", "TorchBackend"), "tf": ("hvdtrain.tf.backend", "TFBackend")}
 
 
 # Both TF backends run hvdtrain.tf's loops, which do one allreduce per backward pass.
@@ -66,19 +76,15 @@ BACKENDS: tuple[Backend, ...] = (
             "Horovod: DistributedOptimizer, broadcast from rank 0"),
     Backend("torch", "ddp", "hvdtrain.torch.backend_ddp", "DDPBackend", "ddp",
             "torch DistributedDataParallel, for comparison",
-            refusals=(_horovod_only("--use-adasum", "ddp"), _horovod_only("--cycle-time-ms", "ddp")),
             parity_with="horovod-torch"),
     Backend("torch", "accelerate", "hvdtrain.torch.backend_accelerate", "AccelerateBackend", "accelerate",
             "Hugging Face Accelerate (optional: hvdtrain[compare]), for comparison",
-            refusals=(_horovod_only("--use-adasum", "accelerate"), _horovod_only("--cycle-time-ms", "accelerate"),
-                      _horovod_only("--fp16-allreduce", "accelerate"),
-                      Refusal(lambda cfg: cfg.amp, "--amp with --backend accelerate is not wired to Accelerate's "
-                                                   "mixed precision; use --backend ddp or horovod")),
+            refusals=(Refusal(lambda cfg: cfg.amp, "--amp with --backend accelerate is not wired to Accelerate's "
+                                                   "mixed precision; use --backend ddp or horovod"),),
             parity_with="ddp"),
     Backend("torch", "lightning", "hvdtrain.torch.backend_lightning", "LightningBackend", "lightning",
             "PyTorch Lightning, Trainer(strategy='ddp') (optional: hvdtrain[compare]), for comparison",
-            refusals=(_horovod_only("--use-adasum", "lightning"), _horovod_only("--cycle-time-ms", "lightning"),
-                      Refusal(lambda cfg: cfg.amp, "--amp with --backend lightning is not wired to Lightning's "
+            refusals=(Refusal(lambda cfg: cfg.amp, "--amp with --backend lightning is not wired to Lightning's "
                                                    "precision plugins; use --backend ddp or horovod"),
                       # Lightning accumulates over whole batches, hvdtrain over slices of one batch:
                       # not the same step, so no parity.
@@ -100,9 +106,7 @@ BACKENDS: tuple[Backend, ...] = (
             "tf.distribute MultiWorkerMirroredStrategy, for comparison",
             refusals=_TF_COMMON + (
                 Refusal(lambda cfg: cfg.loop != "custom",
-                        "--backend mwms runs the GradientTape loop only: use --loop custom"),
-                _horovod_only("--use-adasum", "mwms"), _horovod_only("--fp16-allreduce", "mwms"),
-                _horovod_only("--cycle-time-ms", "mwms")),
+                        "--backend mwms runs the GradientTape loop only: use --loop custom"),),
             compare_args=("--loop", "custom"), parity_with="horovod-tf",
             exposed_because="TensorFlow's gRPC server (one per worker) binds every interface, and TensorFlow has "
                             "no option to bind one address; keep the nodes behind the cluster's firewall"),

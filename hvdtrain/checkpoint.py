@@ -6,6 +6,7 @@ a name that resume would pick. The framework-specific code only supplies `write(
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import hmac
@@ -16,15 +17,42 @@ import socket
 import tempfile
 import time
 
+from hvdtrain import options
+from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 
 FORMAT_VERSION = 1
-# Config fields that must match to resume: they change the shape or meaning of saved state.
-COMPATIBLE_KEYS = ("framework", "model", "dataset", "image_size", "optimizer", "num_classes")
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.(pt|npz)$")
 TMP_PREFIX = ".tmp-hvdtrain-"  # atomic_write's temporary files: + host-pid-random
 _TMP_NAME = re.compile(r"^\.tmp-hvdtrain-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 STALE_AFTER_SECONDS = 24 * 3600  # a temporary of another host: its save ended long ago
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a run is. A checkpoint stores it as four keys at its top level (torch's state dict,
+    TF's JSON meta), unchanged since format 1: to_checkpoint and from_checkpoint convert."""
+    epoch: int = 0            # epochs completed
+    step_in_epoch: int = 0    # optimizer steps done in the current epoch
+    global_step: int = 0      # optimizer steps done in all
+    history: tuple = ()       # one record (a dict) per epoch ended
+
+    @classmethod
+    def from_checkpoint(cls, saved) -> "Position":
+        return cls(saved["epoch"], saved["step_in_epoch"], saved["global_step"], tuple(saved["history"]))
+
+    def to_checkpoint(self) -> dict:
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                "history": list(self.history)}
+
+    def after_step(self) -> "Position":
+        return dataclasses.replace(self, step_in_epoch=self.step_in_epoch + 1, global_step=self.global_step + 1)
+
+    def recorded(self, record: dict) -> "Position":
+        return dataclasses.replace(self, history=(*self.history, record))
+
+    def next_epoch(self) -> "Position":
+        return dataclasses.replace(self, epoch=self.epoch + 1, step_in_epoch=0)
 
 
 def current_umask() -> int:
@@ -242,32 +270,41 @@ def trust_problem(path: str, torch_version: str, trusted: bool) -> str | None:
             "whoever can write this directory is trusted")
 
 
-def incompatibilities(saved: dict, current: dict, extra_keys: tuple[str, ...] = ()) -> list[str]:
-    """What differs between a checkpoint's config and this run's, in COMPATIBLE_KEYS (+ extra_keys)."""
+def compatible_keys(framework: str) -> tuple[str, ...]:
+    """What must match to resume under `framework`'s trainer: the options declared resume=MATCH
+    (they change the shape or meaning of the saved state; hvdtrain/config.py), and the classes."""
+    return options.resume_keys(TrainConfig, framework, options.MATCH) + ("num_classes",)
+
+
+def incompatibilities(saved: dict, current: dict) -> list[str]:
+    """What differs between a checkpoint's config and this run's (`current`, the trainer's config
+    and num_classes), in compatible_keys."""
     diffs = []
     if saved.get("format_version") != FORMAT_VERSION:
         diffs.append(f"format_version: checkpoint {saved.get('format_version')!r}, this hvdtrain {FORMAT_VERSION}")
-    for key in COMPATIBLE_KEYS + extra_keys:
+    for key in compatible_keys(current["framework"]):
         if saved.get(key) != current.get(key):
             diffs.append(f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}")
     return diffs
 
 
-def check_compatible(path: str, saved: dict, current: dict, extra_keys: tuple[str, ...] = ()) -> None:
-    diffs = incompatibilities(saved, current, extra_keys)
+def check_compatible(path: str, saved: dict, current: dict) -> None:
+    diffs = incompatibilities(saved, current)
     if diffs:
         # The options that would make this run match it (a model's recipe may have changed its
         # default optimizer since the checkpoint was written).
-        hint = [f"--{key.replace('_', '-')} {saved[key]}" for key in ("model", "dataset", "image_size", "optimizer", *extra_keys)
-                if saved.get(key) is not None and saved.get(key) != current.get(key)]
+        given = options.flags(TrainConfig, current["framework"])
+        hint = [f"{options.flag(key)} {saved[key]}" for key in compatible_keys(current["framework"])
+                if key in given and saved.get(key) is not None and saved.get(key) != current.get(key)]
         advice = f" (to resume it, pass {' '.join(hint)}; or use another --checkpoint-dir)" if hint else \
             " (use another --checkpoint-dir)"
         raise UsageError(f"checkpoint {path} does not match this run: " + "; ".join(diffs) + advice)
 
 
-# What a resume may change only with --allow-resize: the global batch, hence the LR and the data
-# position (a step of the checkpoint is not a step of this run).
-RESIZE_KEYS = ("world_size", "batch_size", "batches_per_allreduce")
+# What a resume may change only with --allow-resize (the options declared resume=RESIZE): the
+# global batch, hence the LR and the data position (a step of the checkpoint is not a step of
+# this run). The world size first: what a resize usually changes.
+RESIZE_KEYS = tuple(sorted(options.resume_keys(TrainConfig, "torch", options.RESIZE), key=lambda k: k != "world_size"))
 
 
 def resize_changes(saved: dict, cfg) -> list[str]:
@@ -282,10 +319,10 @@ def refuse_resize(path: str, changes: list[str]) -> UsageError:
                       "--checkpoint-dir)")
 
 
-def rescale_position(position: tuple, saved: dict, cfg, steps_per_epoch: int) -> tuple[tuple, str]:
+def rescale_position(position: Position, saved: dict, cfg, steps_per_epoch: int) -> tuple[Position, str]:
     """The position of this run that has seen as many samples of the checkpoint's epoch (rounded
     down: a few samples are seen again, none skipped), and what changed, in words."""
-    epoch, step_in_epoch, global_step, history = position
+    epoch, step_in_epoch, global_step = position.epoch, position.step_in_epoch, position.global_step
     old_batch = saved["batch_size"] * saved["batches_per_allreduce"] * saved["world_size"]
     seen = step_in_epoch * old_batch
     new_step_in_epoch = min(seen // cfg.global_batch_size, steps_per_epoch)
@@ -295,4 +332,4 @@ def rescale_position(position: tuple, saved: dict, cfg, steps_per_epoch: int) ->
             f"{cfg.batch_size} x {cfg.batches_per_allreduce} = {cfg.global_batch_size} at LR {cfg.lr:g}; "
             f"{seen} samples of epoch {epoch + 1} seen: step {step_in_epoch} (global {global_step}) -> step "
             f"{new_step_in_epoch} (global {new_global_step})")
-    return (epoch, new_step_in_epoch, new_global_step, history), note
+    return dataclasses.replace(position, step_in_epoch=new_step_in_epoch, global_step=new_global_step), note

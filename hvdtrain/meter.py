@@ -41,9 +41,13 @@ def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
 
 class StepMeter:
     def __init__(self, backend: Collectives, reporter, signal_name: Callable[[], str | None],
-                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int):
+                 current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int,
+                 check_loss: Callable[[float], None] = lambda loss: None):
         self.backend, self.reporter = backend, reporter
         self.signal_name, self.current_lr = signal_name, current_lr
+        # Called with each reduced interval loss (the same on every rank); it may raise to stop
+        # the run (the trainer's divergence check).
+        self.check_loss = check_loss
         self.log_interval, self.warmup_steps, self.samples_per_step = log_interval, warmup_steps, samples_per_step
         self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
         self.first_step_at = None
@@ -96,7 +100,8 @@ class StepMeter:
 
     def after_step(self, global_step: int, stats) -> bool:
         """Count one finished step (now at `global_step`) with its (loss sum, correct, count);
-        at a log interval or the epoch's last step, reduce over ranks. True: stop now."""
+        at a log interval or the epoch's last step, reduce over ranks and hand the interval's
+        loss to check_loss. True: stop now."""
         self.steps_run += 1
         self.timed_steps += self.timing
         self.window += np.asarray(stats, dtype=np.float64)
@@ -120,6 +125,7 @@ class StepMeter:
         self.bar.set_postfix(loss=f"{interval_loss:.4f}")
         self.stopped_by = stop_reason(reduced[3], reduced[4])
         self.phases.mark("other")
+        self.check_loss(interval_loss)
         return self.stopped_by is not None
 
     def end_epoch(self) -> tuple[dict, str | None]:

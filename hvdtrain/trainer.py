@@ -3,9 +3,21 @@ backend, world size, reporter, stop signals, the launcher's environment read onc
 loop, the per-step bookkeeping (hvdtrain/meter.py), the checkpoint restore on rank 0, the stop
 vote and the result file.
 
-A framework trainer (hvdtrain/torch/train.py, hvdtrain/tf/train.py) subclasses `EpochTrainer`,
-calls `super().__init__(cfg)` first and implements the abstract hooks below; its backend offers
-the collectives of `hvdtrain.collectives.Collectives`.
+A framework trainer (hvdtrain/torch/train.py, hvdtrain/tf/train.py) subclasses `EpochTrainer`
+and implements the abstract hooks below; `EpochTrainer.__init__` runs the whole start in a fixed
+order and asks it for the parts (device, data, model, checkpoint load and save, ...). Its backend
+subclasses the framework's interface (hvdtrain/torch/backend.py, hvdtrain/tf/backend.py), which
+extends the collectives of `hvdtrain.collectives.Collectives` that this module uses.
+
+Whoever runs the steps drives the trainer through its loop API (public methods, below): this
+class's `train()`, the TF loops (hvdtrain/tf/loops.py), or a backend that owns its loop
+(Lightning's callback, hvdtrain/torch/lightning_module.py):
+
+    steps = trainer.start_epoch()
+    for each of the steps: trainer.before_step(); ...one step...; if trainer.step_done(stats): break
+    train_metrics, stopped_by = trainer.epoch_steps_done()
+    trainer.end_epoch(train_metrics, val_metrics, stopped_by)    # records, checkpoints
+    result = trainer.finish(stopped_by)                          # once, after the last epoch
 """
 from __future__ import annotations
 
@@ -17,7 +29,7 @@ import shutil
 import socket
 import time
 
-from hvdtrain import backends, recipes, tuning
+from hvdtrain import backends, options, recipes, tuning
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.collectives import Collectives
@@ -25,7 +37,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError
 from hvdtrain.meter import StepMeter
-from hvdtrain.phases import phases_summary, slowest_rank_line
+from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
@@ -33,16 +45,61 @@ from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 from hvdtrain.watchdog import Watchdog
 
 
-# Options a rank may have of its own: local resources, and outputs only rank 0 writes.
-RANK_LOCAL_OPTIONS = {"threads_per_rank", "num_workers", "data_dir", "checkpoint_dir", "log_dir", "result_json",
-                      "recipe_overrides", "world_size"}
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """How many optimizer steps, from the data sizes (plan_steps)."""
+    steps_per_epoch: int
+    schedule_steps: int   # what the LR schedule spans: every epoch, whatever --steps says
+    total_steps: int      # where this run stops: the schedule's end, or --steps
+
+
+def plan_steps(cfg: TrainConfig, train_size: int, val_size: int) -> StepPlan:
+    """The step plan for cfg's ranks; too little data for them is a usage error, found alike on
+    every rank before any collective."""
+    check_enough_samples(val_size, cfg.world_size, "the validation set")
+    check_enough_samples(train_size, cfg.world_size, "the training set")
+    per_rank, per_step = train_size // cfg.world_size, cfg.batch_size * cfg.batches_per_allreduce
+    steps_per_epoch = per_rank // per_step  # drop_last: every rank runs as many steps
+    if steps_per_epoch == 0:
+        raise UsageError(f"each of the {cfg.world_size} ranks gets {per_rank} training samples, fewer than "
+                         f"one step's {per_step} (--batch-size x --batches-per-allreduce)")
+    # The schedule spans all epochs; --steps only stops early (a run stopped by --steps and
+    # resumed follows the same LR curve as one that never stopped).
+    schedule_steps = cfg.epochs * steps_per_epoch
+    return StepPlan(steps_per_epoch, schedule_steps, min(schedule_steps, cfg.steps) if cfg.steps else schedule_steps)
 
 
 class EpochTrainer(abc.ABC):
     framework = "?"
     prog = "hvdtrain"
+    # What writes TensorBoard scalars (hvdtrain/report.py); None: torch's SummaryWriter.
+    tensorboard_writer = None
 
     def __init__(self, cfg: TrainConfig):
+        """The whole start, on every rank, in this order; the framework trainer's hooks supply
+        the parts. A subclass that needs more arguments sets them before calling this."""
+        self._start_backend(cfg)
+        self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
+        self._check_outputs()
+        self.stop = StopRequest()
+        self.position = ckpt.Position()
+        self.loss_reference: float | None = None  # what --divergence-factor multiplies
+        self.listeners: dict[int, list[str]] = {}  # rank -> addresses beyond loopback (_log_start)
+        self.resized: str | None = None  # how a resume with --allow-resize changed the position
+        self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
+                               self.cfg.log_interval, self.cfg.warmup_steps,
+                               self.cfg.batch_size * self.cfg.batches_per_allreduce, self._check_divergence)
+        self.device_name = self._setup_device()
+        self.plan = plan_steps(self.cfg, *self._build_data())
+        self._build_model()
+        resumed_from, saved = self._restore_on_rank0()
+        self._wrap_and_broadcast(saved, resumed=resumed_from is not None)
+        self._open_tensorboard()
+        self._use_phase_clock(self._phase_clock())
+        self._log_start(resumed_from)
+
+    def _start_backend(self, cfg: TrainConfig) -> None:
+        """Threads, watchdog and network settings, then the backend; the ranks agree on cfg."""
         # The launcher's environment, read once: a backend may export torchrun's variables for
         # its own rendezvous later, which must not change what this run reports as its launcher.
         self.env = ClusterEnv.from_environ()
@@ -57,28 +114,32 @@ class EpochTrainer(abc.ABC):
         self.rank, self.world_size = self.backend.rank, self.backend.world_size
         self.is_rank0 = self.rank == 0
         self._check_ranks_agree()
-        self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
-        self._check_outputs()
-        self.stop = StopRequest()
-        self.epoch, self.step_in_epoch, self.global_step, self.history = 0, 0, 0, []
-        self.loss_reference: float | None = None  # what --divergence-factor multiplies
-        self.listeners: dict[int, list[str]] = {}  # rank -> addresses beyond loopback (_log_start)
-        self.resized: str | None = None  # how a resume with --allow-resize changed the position
-        self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
-                               self.cfg.log_interval, self.cfg.warmup_steps,
-                               self.cfg.batch_size * self.cfg.batches_per_allreduce)
+
+    def _open_tensorboard(self) -> None:
+        """Rank 0 with --log-dir: from here on, scalars go to TensorBoard too (once the start has
+        succeeded: a failed start leaves no event file)."""
+        if self.cfg.log_dir and self.is_rank0:
+            self.reporter = self.meter.reporter = Rank0Reporter(True, self.cfg.log_dir, self.prog,
+                                                                writer_factory=self.tensorboard_writer)
+
+    def _use_phase_clock(self, clock: PhaseClock | None) -> None:
+        if clock is None:
+            self.meter.phases.disable()
+        else:
+            self.meter.phases = clock
 
     def _check_ranks_agree(self) -> None:
         """Every rank's options, gathered before any training collective. Ranks given different
         options (an MPMD launch, a per-rank wrapper script) would otherwise hang in mismatched
-        collectives or, worse, train to different weights and exit 0."""
-        mine = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in RANK_LOCAL_OPTIONS}
+        collectives or, worse, train to different weights and exit 0. Options declared per_rank
+        (hvdtrain/config.py: local resources, outputs only rank 0 writes) may differ."""
+        mine = options.shared(self.cfg)
         every = self.backend.allgather_object(mine, "options_agree")
         problems = []
         for key in mine:
             ranks_by_value: dict[str, list[int]] = {}
-            for rank, options in enumerate(every):
-                ranks_by_value.setdefault(repr(options.get(key)), []).append(rank)
+            for rank, theirs in enumerate(every):
+                ranks_by_value.setdefault(repr(theirs.get(key)), []).append(rank)
             if len(ranks_by_value) > 1:
                 problems.append(f"--{key.replace('_', '-')}: " + ", ".join(
                     f"{value} on rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
@@ -87,14 +148,48 @@ class EpochTrainer(abc.ABC):
             raise UsageError("the ranks were started with different options (every rank needs the same): "
                              + "; ".join(problems))
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------------ hooks: the start, in order
     @abc.abstractmethod
     def _set_threads(self, threads: int) -> None:
         """Set the framework's CPU threads, before it runs its first op."""
 
     @abc.abstractmethod
+    def _setup_device(self) -> str:
+        """Choose this rank's device (the backend has started); its name, for the log and the result."""
+
+    @abc.abstractmethod
+    def _build_data(self) -> tuple[int, int]:
+        """Build the datasets of cfg; (training samples, validation samples), for the step plan."""
+
+    @abc.abstractmethod
+    def _build_model(self) -> None:
+        """Build the model (and what steps it: optimizer, loop) on every rank, seeded alike; the
+        step plan (self.plan) is known."""
+
+    @abc.abstractmethod
+    def _load_checkpoint(self, path: str) -> tuple[dict, ckpt.Position, object]:
+        """Rank 0: load the checkpoint at `path` into the model built; (its config, its position,
+        what _wrap_and_broadcast restores once the model is wrapped, or None)."""
+
+    @abc.abstractmethod
+    def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
+        """Every rank: make the model and optimizer the backend's, restore `saved` (rank 0's
+        load, None elsewhere), and start every rank from rank 0's weights (and optimizer state
+        when `resumed`). self.position is the one training starts from."""
+
+    @abc.abstractmethod
+    def _phase_clock(self) -> PhaseClock | None:
+        """The clock that times the phases of a step (hvdtrain/phases.py), or None where this
+        trainer does not mark them."""
+
+    def _loop_description(self) -> str:
+        """What the start's log line adds about the loop (after the launcher)."""
+        return ""
+
+    # ------------------------------------------------------------------ hooks: the run
+    @abc.abstractmethod
     def _train_epoch(self) -> tuple[dict, str | None]:
-        """Run the rest of the current epoch through self.meter: (train metrics, stopped by)."""
+        """Run the rest of the current epoch through the loop API: (train metrics, stopped by)."""
 
     @abc.abstractmethod
     def _validate(self) -> dict:
@@ -102,7 +197,7 @@ class EpochTrainer(abc.ABC):
 
     @abc.abstractmethod
     def _save_checkpoint(self) -> None:
-        """Rank 0: write the state at the current position (others return at once)."""
+        """Rank 0: write the state at self.position (others return at once)."""
 
     @abc.abstractmethod
     def _state_arrays(self) -> list:
@@ -121,54 +216,58 @@ class EpochTrainer(abc.ABC):
     def _result_extras(self) -> dict:
         return {}
 
-    # ------------------------------------------------------------------ shared steps
-    def _step_done(self, stats) -> bool:
+    # ------------------------------------------------------------------ the loop API
+    def start_epoch(self) -> int:
+        """The steps to run now: the rest of the current epoch, within --steps."""
+        at = self.position
+        steps = min(self.plan.steps_per_epoch - at.step_in_epoch, self.plan.total_steps - at.global_step)
+        self.meter.start_epoch(steps, at.global_step, f"epoch {at.epoch + 1}/{self.cfg.epochs}")
+        return steps
+
+    def before_step(self) -> None:
+        """A step starts (after the warm-up steps, every rank starts the clock together)."""
+        self.meter.before_step()
+
+    def step_done(self, stats) -> bool:
         """A loop finished one optimizer step with (loss sum, correct, count): move on one
         position and let the meter count it. True: every rank stops now."""
-        self.global_step += 1
-        self.step_in_epoch += 1
-        self.watchdog.beat(self.global_step)
-        stop = self.meter.after_step(self.global_step, stats)
-        if self.meter.loss_log and self.meter.loss_log[-1][0] == self.global_step:
-            self._check_divergence(self.meter.loss_log[-1][1])
-        return stop
+        self.position = self.position.after_step()
+        self.watchdog.beat(self.position.global_step)
+        return self.meter.after_step(self.position.global_step, stats)
+
+    def epoch_steps_done(self) -> tuple[dict, str | None]:
+        """The epoch's steps are over, all or stopped: every rank stops the clock together.
+        (This epoch's train metrics, the signal that stopped it or None.)"""
+        return self.meter.end_epoch()
 
     def _check_divergence(self, loss: float) -> None:
-        """The reduced loss just logged: every rank sees the same value and stops here together,
-        when it is not finite or above --divergence-factor x the run's first loss (the first
+        """The meter's check of each reduced loss: every rank sees the same value and stops here
+        together, when it is not finite or above --divergence-factor x the run's first loss (the first
         step's; after a resume, the first epoch's mean: a trained model's loss is no yardstick).
         No checkpoint: its weights would be diverged too, and it would become the newest."""
         if self.loss_reference is None:
-            self.loss_reference = self.history[0]["train_loss"] if self.history else self.meter.first_loss
+            history = self.position.history
+            self.loss_reference = history[0]["train_loss"] if history else self.meter.first_loss
         factor = self.cfg.divergence_factor
         if math.isfinite(loss) and not (factor and self.loss_reference > 0 and loss > factor * self.loss_reference):
             return
         how = "" if not math.isfinite(loss) else \
             f", over {factor:g} x the first loss {self.loss_reference:.4g} (--divergence-factor)"
         newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
-        raise UsageError(f"the training loss is {loss:.4g} at step {self.global_step}{how}: training diverged (a lower "
-                         f"--base-lr?); stopped without writing a checkpoint; the newest checkpoint is "
-                         f"{newest or 'none'}")
+        raise UsageError(f"the training loss is {loss:.4g} at step {self.position.global_step}{how}: training "
+                         f"diverged (a lower --base-lr?); stopped without writing a checkpoint; the newest "
+                         f"checkpoint is {newest or 'none'}")
 
-    def _epoch_steps(self) -> int:
-        """Steps left in this epoch, within --steps."""
-        return min(self.steps_per_epoch - self.step_in_epoch, self.total_steps - self.global_step)
-
-    def _start_epoch(self) -> int:
-        steps = self._epoch_steps()
-        self.meter.start_epoch(steps, self.global_step, f"epoch {self.epoch + 1}/{self.cfg.epochs}")
-        return steps
-
-    def _log_start(self, resumed_from: str | None, loop: str = ""):
+    def _log_start(self, resumed_from: str | None):
         # What each rank listens on once its backend has started (Gloo, a TCPStore, gRPC), beyond
         # the loopback interface: said, and kept in the result file.
         placement = self.backend.allgather_object((self.rank, socket.gethostname(), self.device_name, self.threads,
                                                    exposed(listening())), "placement")
         self.listeners = {rank: addresses for rank, *_, addresses in placement}
         cfg = self.cfg
-        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {self.env.launcher}{loop}; "
-                           f"global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
-                           f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all")
+        self.reporter.info(f"{self.backend.name} on {self.world_size} rank(s) via {self.env.launcher}"
+                           f"{self._loop_description()}; global batch {cfg.global_batch_size}, lr {cfg.lr:g}, "
+                           f"{self.plan.steps_per_epoch} steps/epoch, {self.plan.total_steps} steps in all")
         for rank, host, device, threads, _ in placement:
             self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
         self.reporter.info(f"config: {cfg.to_dict()}")
@@ -182,7 +281,8 @@ class EpochTrainer(abc.ABC):
             self.reporter.info(f"rank {rank} listens beyond loopback on {', '.join(addresses)}"
                                + (f": {why}" if why else ""))
         if resumed_from:
-            self.reporter.info(f"resumed from {resumed_from} at epoch {self.epoch}, step {self.global_step}")
+            self.reporter.info(f"resumed from {resumed_from} at epoch {self.position.epoch}, "
+                               f"step {self.position.global_step}")
             if self.resized:
                 self.reporter.info(self.resized)
         if not cfg.validates:
@@ -190,31 +290,14 @@ class EpochTrainer(abc.ABC):
                    if cfg.dataset == "synthetic" else "--validation off")
             self.reporter.info(f"no validation pass ({why}; --validation on runs it)")
 
-    def _plan_steps(self, train_size: int, val_size: int) -> None:
-        """Steps per epoch, for the schedule and in all, from the data sizes; too little data for
-        the ranks is a usage error, found alike on every rank before any collective."""
-        cfg = self.cfg
-        check_enough_samples(val_size, self.world_size, "the validation set")
-        check_enough_samples(train_size, self.world_size, "the training set")
-        per_rank, per_step = train_size // self.world_size, cfg.batch_size * cfg.batches_per_allreduce
-        self.steps_per_epoch = per_rank // per_step  # drop_last: every rank runs as many steps
-        if self.steps_per_epoch == 0:
-            raise UsageError(f"each of the {self.world_size} ranks gets {per_rank} training samples, fewer than "
-                             f"one step's {per_step} (--batch-size x --batches-per-allreduce)")
-        # The schedule spans all epochs; --steps only stops early (a run stopped by --steps and
-        # resumed follows the same LR curve as one that never stopped).
-        self.schedule_steps = cfg.epochs * self.steps_per_epoch
-        self.total_steps = min(self.schedule_steps, cfg.steps) if cfg.steps else self.schedule_steps
-
-    def _restore_on_rank0(self, load) -> tuple[str | None, object]:
-        """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with `load(path)`, which returns
-        (the checkpoint's config, (epoch, step_in_epoch, global_step, history), state); one that
+    def _restore_on_rank0(self) -> tuple[str | None, object]:
+        """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with _load_checkpoint; one that
         fails to load is moved aside, with a line, for the next older one that loads. Every rank
         learns the outcome and the position, and all fail together with the reason: an error on
         rank 0 alone would leave the others waiting in their next collective. A checkpoint of
         another global batch is refused unless --allow-resize, which recomputes the position
-        (self.resized says how). Returns (the checkpoint's path or None, the state `load` returned,
-        on rank 0 only: what the framework restores after wrapping)."""
+        (self.resized says how). Returns (the checkpoint's path or None, the state the load
+        returned, on rank 0 only: what the framework restores after wrapping)."""
         status = {"error": None, "path": None, "position": None, "resized": None}
         state = None
         if self.is_rank0 and self.cfg.checkpoint_dir:
@@ -223,7 +306,7 @@ class EpochTrainer(abc.ABC):
             # before it, or a requeued job would fail at every requeue until a person came.
             for path in reversed(ckpt.list_checkpoints(self.cfg.checkpoint_dir)):
                 try:
-                    saved_config, position, state = load(path)
+                    saved_config, position, state = self._load_checkpoint(path)
                 except UsageError as err:  # readable, but not for this run: no older one is either
                     status["error"] = str(err)
                     break
@@ -236,7 +319,7 @@ class EpochTrainer(abc.ABC):
                         raise ckpt.refuse_resize(path, changes)
                     if changes:
                         position, status["resized"] = ckpt.rescale_position(position, saved_config, self.cfg,
-                                                                             self.steps_per_epoch)
+                                                                             self.plan.steps_per_epoch)
                     status.update(path=path, position=position)
                 except UsageError as err:
                     status["error"] = str(err)
@@ -257,7 +340,7 @@ class EpochTrainer(abc.ABC):
         if status["error"]:
             raise UsageError(status["error"])
         if status["position"] is not None:
-            self.epoch, self.step_in_epoch, self.global_step, self.history = status["position"]
+            self.position = status["position"]
         self.resized = status["resized"]
         return status["path"], state
 
@@ -302,38 +385,39 @@ class EpochTrainer(abc.ABC):
     def train(self) -> dict:
         cfg = self.cfg
         stopped_by = None
-        while self.epoch < cfg.epochs and self.global_step < self.total_steps:
+        while self.position.epoch < cfg.epochs and self.position.global_step < self.plan.total_steps:
             train_metrics, stopped_by = self._train_epoch()
             # No validation after a stop signal: Slurm kills the job KillWait seconds after
             # SIGTERM, too soon for a validation pass (the resumed run validates at the epoch's end).
             val_metrics = self._validate() if cfg.validates and not stopped_by else {}
-            self._end_epoch(train_metrics, val_metrics, stopped_by)
+            self.end_epoch(train_metrics, val_metrics, stopped_by)
             if stopped_by:
                 break
-        return self._finish(stopped_by)
+        return self.finish(stopped_by)
 
-    def _end_epoch(self, train_metrics: dict, val_metrics: dict, stopped_by: str | None) -> None:
+    def end_epoch(self, train_metrics: dict, val_metrics: dict, stopped_by: str | None) -> None:
         """The current epoch ended, complete or not: record it (unless stopped), move the position
-        on and checkpoint. Also called by backends that own their loop (Lightning)."""
-        epoch_done = self.step_in_epoch >= self.steps_per_epoch
+        on and checkpoint."""
+        at, steps_per_epoch = self.position, self.plan.steps_per_epoch
+        epoch_done = at.step_in_epoch >= steps_per_epoch
         if not stopped_by:
-            record = {"epoch": self.epoch + 1 if epoch_done else self.epoch + self.step_in_epoch / self.steps_per_epoch,
-                      "global_step": self.global_step, **train_metrics, **val_metrics,
+            record = {"epoch": at.epoch + 1 if epoch_done else at.epoch + at.step_in_epoch / steps_per_epoch,
+                      "global_step": at.global_step, **train_metrics, **val_metrics,
                       # Since this process's first step (a resumed run counts from its restart):
                       # the scaling study's time per epoch and time to an accuracy.
                       "elapsed_s": time.monotonic() - (self.meter.first_step_at or time.monotonic())}
-            self.history.append(record)
+            self.position = self.position.recorded(record)
             rate = self.meter.images_per_sec or float("nan")
             val = (f"val loss {val_metrics['val_loss']:.4f} acc {val_metrics['val_acc']:.4f} "
                    f"({val_metrics['val_count']} samples)" if val_metrics else "no validation")
             self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
                                f"acc {train_metrics['train_acc']:.4f} | {val} | {rate * self.world_size:.1f} img/s")
             if val_metrics:
-                self.reporter.scalars(self.global_step, {"val/loss": val_metrics["val_loss"],
+                self.reporter.scalars(at.global_step, {"val/loss": val_metrics["val_loss"],
                                                          "val/acc": val_metrics["val_acc"]})
         self._report_phases()
         if epoch_done:
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self.position = self.position.next_epoch()
         self._checkpoint()
 
     def _report_phases(self) -> None:
@@ -345,9 +429,11 @@ class EpochTrainer(abc.ABC):
         if mine is None or not self.is_rank0:
             return
         self.reporter.info(f"step time: {phases_summary(mine)} on rank 0; {slowest_rank_line(ranks)}")
-        self.reporter.scalars(self.global_step, {f"phases_ms/{phase}": ms for phase, ms in mine.items()})
+        self.reporter.scalars(self.position.global_step, {f"phases_ms/{phase}": ms for phase, ms in mine.items()})
 
-    def _finish(self, stopped_by: str | None) -> dict:
+    def finish(self, stopped_by: str | None) -> dict:
+        """After the last epoch (or a stop), every rank: the per-rank figures gathered, the result
+        file written by rank 0, the backend shut down. Returns the result."""
         cfg, b = self.cfg, self.backend
         m = self.meter
         self._average_statistics()
@@ -359,7 +445,7 @@ class EpochTrainer(abc.ABC):
         env = self.env
         requeue = None
         if stopped_by:
-            self.reporter.info(f"stopped by {stopped_by} at step {self.global_step}; checkpoint written")
+            self.reporter.info(f"stopped by {stopped_by} at step {self.position.global_step}; checkpoint written")
             # Only the time-limit warning requeues. SIGTERM is scancel (requeueing would undo the
             # user's cancel), preemption (Slurm requeues by itself) or the limit itself.
             requeue_wanted = stopped_by == "SIGUSR1" and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0"
@@ -371,8 +457,9 @@ class EpochTrainer(abc.ABC):
             "config": cfg.to_dict(), "world_size": self.world_size, "launcher": env.launcher, "ranks": per_rank,
             "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
             if all(r["images_per_sec"] for r in per_rank) else None,
-            "final": self.history[-1] if self.history else None, "history": self.history,
-            "loss_log": m.loss_log, "global_step": self.global_step, "epoch": self.epoch,
+            "final": self.position.history[-1] if self.position.history else None,
+            "history": list(self.position.history),
+            "loss_log": m.loss_log, "global_step": self.position.global_step, "epoch": self.position.epoch,
             "stopped_by": stopped_by, "requeue": requeue, "resized": self.resized, "network": self.network,
             "listening_beyond_loopback": self.listeners,
             "versions": library_versions(), "environment": environment_fingerprint(),

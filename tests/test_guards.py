@@ -97,8 +97,9 @@ def test_resize_is_named_and_the_position_follows_the_samples_seen():
     assert ckpt.resize_changes(saved, now) == ["world size 2 -> 1", "batch size 32 -> 48"]
     assert ckpt.resize_changes(saved, TrainConfig(world_size=2, batch_size=32)) == []
     # Epoch 3 (index 2), 10 steps of 64 = 640 samples seen; 48 a step now: 13 steps (624), none skipped.
-    (epoch, step, global_step, _), note = ckpt.rescale_position((2, 10, 52, []), saved, now, steps_per_epoch=29)
-    assert (epoch, step, global_step) == (2, 13, 2 * 29 + 13)
+    history = ({"epoch": 1},)
+    position, note = ckpt.rescale_position(ckpt.Position(2, 10, 52, history), saved, now, steps_per_epoch=29)
+    assert position == ckpt.Position(2, 13, 2 * 29 + 13, history)
     assert "640 samples of epoch 3 seen: step 10 (global 52) -> step 13 (global 71)" in note
 
 

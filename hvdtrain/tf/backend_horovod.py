@@ -1,6 +1,6 @@
 """Horovod for the TF trainer: the product's backend (hvdtrain/backends.py lists them all).
 
-It answers what the loops ask (hvdtrain/tf/loops.py): wrap a GradientTape (custom loop) or a Keras
+It answers what the loops ask (declared in hvdtrain/tf/backend.py): wrap a GradientTape (custom loop) or a Keras
 optimizer plus its callbacks (fit loop), broadcast variables from rank 0, average BatchNorm
 statistics, and the collectives of hvdtrain.collectives.
 
@@ -8,20 +8,18 @@ statistics, and the collectives of hvdtrain.collectives.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain.horovod_ops import import_horovod, start_horovod
+from hvdtrain.tf.backend import TFBackend
 from hvdtrain.tf.devices import pin_gpu, tf_variable
 
 
-class HorovodBackend:
+class HorovodBackend(TFBackend):
     name = "horovod"
-
-    # The loss of a rank's batch is used as is: Horovod averages the gradients.
-    gradient_scale = 1.0
+    # gradient_scale, scope and run: the defaults. The loss of a rank's batch is used as is
+    # (Horovod averages the gradients), and a step needs no strategy around it.
 
     def __init__(self, cfg, cores_per_rank: int):
         self.hvd = hvd = import_horovod("horovod.tensorflow")
@@ -29,12 +27,6 @@ class HorovodBackend:
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
         self.device = pin_gpu(self.local_rank, self.local_world_size)
-
-    def scope(self):
-        return contextlib.nullcontext()
-
-    def run(self, step_fn, *args):
-        return step_fn(*args)
 
     def _reduce_options(self, cfg) -> dict:
         hvd = self.hvd
@@ -55,13 +47,12 @@ class HorovodBackend:
         return hvd_keras.DistributedOptimizer(optimizer, **self._reduce_options(cfg))
 
     def fit_callbacks(self) -> list:
-        """Callbacks that go first in model.fit's list, in this order."""
         from hvdtrain.tf.keras_compat import import_horovod_keras
 
         callbacks = import_horovod_keras().callbacks
         return [
             # Horovod: copy rank 0's variables (and optimizer slots) to every rank after the
-            # first batch. The trainer broadcasts once before fit already (see Trainer._restore);
+            # first batch. The trainer broadcasts once before fit already (hvdtrain/tf/train.py);
             # this keeps variables Keras creates lazily in the first step in sync too.
             callbacks.BroadcastGlobalVariablesCallback(0),
             # Horovod: average the epoch's logged metrics over ranks, before other callbacks read them.

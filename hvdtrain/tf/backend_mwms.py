@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.cluster import ClusterEnv, free_port
+from hvdtrain.tf.backend import TFBackend
 from hvdtrain.tf.devices import pin_gpu
 
 
@@ -35,7 +36,7 @@ def cluster_resolver(env: ClusterEnv):
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-class MWMSBackend:
+class MWMSBackend(TFBackend):
     name = "mwms"
 
     def __init__(self, cfg, cores_per_rank: int):

@@ -1,9 +1,9 @@
 """The two ways hvdtrain.tf trains one epoch: a GradientTape loop and Keras `model.fit`.
 
 Both make the optimizer for their Keras, run the steps the trainer asks for, and report each
-step inline to the shared step meter (`trainer.meter.before_step()`, then
-`trainer._step_done(stats)` -> stop?), which times, logs and reduces metrics the same way for
-every trainer (hvdtrain/meter.py). Weight decay is an L2 term in the loss
+step inline through the trainer's loop API (`trainer.before_step()`, then
+`trainer.step_done(stats)` -> stop?), whose step meter times, logs and reduces metrics the same
+way for every trainer (hvdtrain/meter.py). Weight decay is an L2 term in the loss
 (gradient `weight_decay * w`, as torch's SGD/Adam `weight_decay`), except for AdamW.
 
     loop = make_loop(cfg, keras, model, backend, trainer)
@@ -49,7 +49,7 @@ class CustomLoop:
             self.optimizer = opt.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
         # Slots now, not in the first step: resume and broadcast need them before training.
         self.optimizer.build(model.trainable_variables)
-        self.factor = lr_factor(cfg, trainer.steps_per_epoch, trainer.schedule_steps)
+        self.factor = lr_factor(cfg, trainer.plan.steps_per_epoch, trainer.plan.schedule_steps)
         decay = cfg.weight_decay if cfg.optimizer != "adamw" else 0.0
         # Horovod's tape keys gradients by Variable.ref(), which Keras 3 variables lack: ask for
         # the gradients of the tf.Variables behind them.
@@ -81,9 +81,9 @@ class CustomLoop:
         for i, (x, y) in enumerate(dataset):
             if i == steps:
                 break
-            self.trainer.meter.before_step()
-            self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.global_step)
-            if self.trainer._step_done(self.train_step(x, y).numpy()):
+            self.trainer.before_step()
+            self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.position.global_step)
+            if self.trainer.step_done(self.train_step(x, y).numpy()):
                 break
 
 
@@ -115,13 +115,13 @@ class FitLoop:
         self.progress = _Progress(keras, trainer, cfg.batch_size)
 
     def _lr_callbacks(self, keras, backend) -> list:
-        cfg, spe = self.cfg, self.trainer.steps_per_epoch
+        cfg, spe = self.cfg, self.trainer.plan.steps_per_epoch
         warmup = int(cfg.warmup_epochs)
         callbacks = []
         if warmup:
             callbacks.append(backend.lr_warmup_callback(cfg.lr, warmup, spe))
         if cfg.lr_schedule != "constant":
-            factor = lr_factor(cfg, spe, self.trainer.schedule_steps)
+            factor = lr_factor(cfg, spe, self.trainer.plan.schedule_steps)
             callbacks.append(backend.lr_schedule_callback(cfg.lr, lambda e: factor(round(e * spe)), warmup, spe))
         # Horovod's LR callbacks place a batch at epoch + batch / steps_per_epoch; a fit call
         # that resumes in the middle of an epoch counts its batches from 0.
@@ -182,13 +182,13 @@ def _Progress(keras, trainer, batch_size: int):
             self.seen = np.zeros(3)
 
         def on_train_batch_begin(self, batch, logs=None):
-            trainer.meter.before_step()
+            trainer.before_step()
 
         def on_train_batch_end(self, batch, logs=None):
             n = (batch + 1) * batch_size  # fit's batches are full: drop_remainder
             cumulative = np.array([logs["ce"] * n, logs["acc"] * n, n], dtype=np.float64)
             stats, self.seen = cumulative - self.seen, cumulative
-            if trainer._step_done(stats):
+            if trainer.step_done(stats):
                 self.model.stop_training = True
 
     return Progress()

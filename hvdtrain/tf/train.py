@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
-from hvdtrain.report import Rank0Reporter
 from hvdtrain.tf.data import build_data
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.models import build_model
@@ -56,16 +55,26 @@ def set_threads(threads: int) -> None:
 class Trainer(EpochTrainer):
     framework = "tf"
     prog = PROG
+    tensorboard_writer = TFSummaryWriter
 
     def __init__(self, cfg: TrainConfig, keras):
+        self.keras = keras  # the Keras the loop runs on (keras_compat.select): the hooks build with it
         super().__init__(cfg)
-        cfg, b = self.cfg, self.backend
-        self.keras = keras
 
-        self.data = d = build_data(cfg, self.threads)
+    def _set_threads(self, threads: int) -> None:
+        set_threads(threads)
+
+    # ------------------------------------------------------------------ the start (EpochTrainer.__init__)
+    def _setup_device(self) -> str:
+        return self.backend.device  # pinned by the backend, before TensorFlow placed anything
+
+    def _build_data(self) -> tuple[int, int]:
+        self.data = build_data(self.cfg, self.threads)
         self.data_threads: dict = {}  # tf.data's pools, read off the training pipeline
-        self._plan_steps(d.train_size, d.val_size)
+        return self.data.train_size, self.data.val_size
 
+    def _build_model(self) -> None:
+        cfg, b, keras, d = self.cfg, self.backend, self.keras, self.data
         # The same seed on every rank: tf.distribute mirrors Keras' random-seed state from worker 0
         # (dropout draws the same masks on every worker), and Horovod's path does the same so that
         # the two start from the same weights and draw the same numbers (hvdtrain.compare's parity).
@@ -73,30 +82,30 @@ class Trainer(EpochTrainer):
         with b.scope():  # tf.distribute creates mirrored variables in its scope; Horovod: no-op
             self.model = build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
             self.loop = make_loop(cfg, keras, self.model, b, self)
-        resumed_from, _ = self._restore_on_rank0(self._load)
+        self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False))[0],
+                                      reduce_retracing=True)
+
+    def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
         # Horovod: every rank starts from rank 0's weights and optimizer state. Horovod's examples
         # broadcast after the first step, when the optimizer has made its slots; here they exist
         # already, and broadcasting first keeps a resumed run's first step on the loaded weights.
-        b.broadcast_variables(self.model.weights + self.loop.optimizer_variables())
-        if cfg.log_dir and self.is_rank0:
-            self.reporter = self.meter.reporter = Rank0Reporter(True, cfg.log_dir, PROG, writer_factory=TFSummaryWriter)
-        self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False))[0],
-                                      reduce_retracing=True)
-        self.device_name = self.backend.device
+        # (Nothing else to restore: _load_checkpoint assigned the variables, and the LR is a
+        # function of the step and this run's config.)
+        self.backend.broadcast_variables(self.model.weights + self.loop.optimizer_variables())
+
+    def _phase_clock(self):
         # Not split into phases yet (hvdtrain/phases.py): in-graph timestamps around the tape's
         # allreduce changed which kernels grappler fused, so Horovod-TF and MWMS no longer gave
         # the same losses step for step (the comparison's parity check). Torch's trainers are split.
-        self.meter.phases.disable()
-        self._log_start(resumed_from, f"; --loop {cfg.loop} on {keras.__name__} {keras.__version__}")
+        return None
 
-    def _set_threads(self, threads: int) -> None:
-        set_threads(threads)
+    def _loop_description(self) -> str:
+        return f"; --loop {self.cfg.loop} on {self.keras.__name__} {self.keras.__version__}"
 
-    # ------------------------------------------------------------------ set-up helpers
     def _checkpoint_config(self) -> dict:
         return {**self.cfg.to_dict(), "num_classes": self.data.num_classes}
 
-    def _load(self, path: str):
+    def _load_checkpoint(self, path: str):
         """Rank 0: weights and optimizer slots from an .npz checkpoint, assigned now; returns its
         config and position (and no state: everything is in the variables already; the LR is a
         function of the step and this run's config)."""
@@ -105,9 +114,8 @@ class Trainer(EpochTrainer):
         with np.load(path, allow_pickle=False) as saved:
             meta = json.loads(str(saved["meta"]))
             current = self._checkpoint_config()
-            # fit (tf_keras legacy optimizer) and custom (Keras 3 optimizer) keep different slots.
-            ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current,
-                                  extra_keys=("loop",))
+            # (--loop too: fit's tf_keras legacy optimizer and custom's Keras 3 one keep different slots.)
+            ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current)
             for prefix, variables in (("model", self.model.weights),
                                       ("optimizer", self.loop.optimizer_variables())):
                 arrays = [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
@@ -117,7 +125,7 @@ class Trainer(EpochTrainer):
                     if tuple(var.shape) != value.shape:
                         raise ValueError(f"{prefix} variable {var.name}: shape {tuple(var.shape)} != saved {value.shape}")
                     var.assign(value)
-        return meta["config"], (meta["epoch"], meta["step_in_epoch"], meta["global_step"], meta["history"]), None
+        return meta["config"], ckpt.Position.from_checkpoint(meta), None
 
     # ------------------------------------------------------------------ the loop
     def _state_arrays(self):
@@ -136,18 +144,19 @@ class Trainer(EpochTrainer):
 
     def _train_epoch(self):
         cfg = self.cfg
-        steps = self._start_epoch()
+        steps = self.start_epoch()
         # Exactly the steps this call runs (--steps may end the epoch early): the loop ends on the
         # exhausted pipeline and no batch is made that will not be trained on. (The end of a
         # pipeline once waited 18-19 s for tf.data's autotuner, now off: hvdtrain/tf/data.py.)
-        dataset = self.data.train(self.epoch, self.step_in_epoch, self.rank, self.world_size,
-                                  self.step_in_epoch + steps, cfg.batch_size, cfg.seed)
+        at = self.position
+        dataset = self.data.train(at.epoch, at.step_in_epoch, self.rank, self.world_size,
+                                  at.step_in_epoch + steps, cfg.batch_size, cfg.seed)
         pools = dataset.options().threading  # as the pipeline really runs, for the result file
         self.data_threads = {"tf_data_private_pool": pools.private_threadpool_size,
                              "tf_data_max_intra_op": pools.max_intra_op_parallelism}
-        # The loop calls self.meter.before_step() and self._step_done(stats) for each step.
-        self.loop.run_epoch(dataset, self.epoch, steps, self.step_in_epoch)
-        return self.meter.end_epoch()
+        # The loop calls self.before_step() and self.step_done(stats) for each step.
+        self.loop.run_epoch(dataset, at.epoch, steps, at.step_in_epoch)
+        return self.epoch_steps_done()
 
     def _current_lr(self) -> float:
         lr = self.loop.optimizer.learning_rate
@@ -171,12 +180,13 @@ class Trainer(EpochTrainer):
         weights = [v.numpy() for v in self.model.weights]
         slots = [v.numpy() for v in self.loop.optimizer_variables()]
         meta = {"format_version": ckpt.FORMAT_VERSION, "config": self._checkpoint_config(),
-                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                "history": self.history, "num_model": len(weights), "num_optimizer": len(slots)}
+                **self.position.to_checkpoint(),  # epoch, step_in_epoch, global_step, history
+                "num_model": len(weights), "num_optimizer": len(slots)}
         arrays = {"meta": np.array(json.dumps(meta)),
                   **{f"model/{i}": w for i, w in enumerate(weights)},
                   **{f"optimizer/{i}": s for i, s in enumerate(slots)}}
-        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(self.global_step, self.epoch, "npz"))
+        at = self.position
+        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "npz"))
         ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")

@@ -18,10 +18,10 @@ import torch
 
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import data
-from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, import_optional
+from hvdtrain.torch.torch_distributed import TorchDistributedBackend, import_optional
 
 
-class AccelerateBackend(TorchDistributedCollectives):
+class AccelerateBackend(TorchDistributedBackend):
     name = "accelerate"
 
     def __init__(self, cfg, cores_per_rank: int):
@@ -44,9 +44,6 @@ class AccelerateBackend(TorchDistributedCollectives):
     def wrap_model(self, model, device):
         return self.accelerator.prepare_model(model)  # DistributedDataParallel when there are ranks
 
-    def unwrap(self, model):
-        return self.accelerator.unwrap_model(model)
-
     def wrap_optimizer(self, optimizer, model, cfg):
         return self.accelerator.prepare_optimizer(optimizer)
 
@@ -61,6 +58,9 @@ class AccelerateBackend(TorchDistributedCollectives):
 
     def gather_for_metrics(self, tensors):
         return self.accelerator.gather_for_metrics(tensors)
+
+    def validation_totals(self, sums):
+        return sums  # every rank summed every sample's figures (gather_for_metrics): nothing to reduce
 
     def no_sync(self, model, optimizer, last_micro_batch: bool):
         return contextlib.nullcontext() if last_micro_batch else self.accelerator.no_sync(model)

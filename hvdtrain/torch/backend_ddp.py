@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 
-from hvdtrain.torch.torch_distributed import TorchDistributedCollectives
+from hvdtrain.torch.torch_distributed import TorchDistributedBackend
 
 
-class DDPBackend(TorchDistributedCollectives):
+class DDPBackend(TorchDistributedBackend):
     name = "ddp"
 
     def __init__(self, cfg, cores_per_rank: int):
@@ -20,9 +20,6 @@ class DDPBackend(TorchDistributedCollectives):
 
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
-
-    def unwrap(self, model):
-        return model.module
 
     def wrap_optimizer(self, optimizer, model, cfg):
         if cfg.fp16_allreduce:

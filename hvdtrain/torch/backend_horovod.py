@@ -13,9 +13,10 @@ import torch
 
 from hvdtrain.errors import UsageError
 from hvdtrain.horovod_ops import gpu_ops_problem, import_horovod, start_horovod
+from hvdtrain.torch.backend import TorchBackend
 
 
-class HorovodBackend:
+class HorovodBackend(TorchBackend):
     name = "horovod"
 
     def __init__(self, cfg, cores_per_rank: int):
@@ -33,9 +34,6 @@ class HorovodBackend:
     def wrap_model(self, model, device):
         return model  # Horovod: the optimizer does the communication, the model stays as is.
 
-    def unwrap(self, model):
-        return model
-
     def wrap_optimizer(self, optimizer, model, cfg):
         hvd = self.hvd
         # Horovod: average gradients over ranks, hooked into backward so that allreduce overlaps
@@ -46,12 +44,8 @@ class HorovodBackend:
             backward_passes_per_step=cfg.batches_per_allreduce,
             op=hvd.Adasum if cfg.use_adasum else hvd.Average)
 
-    def no_sync(self, model, optimizer, last_micro_batch: bool):
-        # Horovod's optimizer counts backward passes itself (backward_passes_per_step).
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()  # Horovod's optimizer hooks start each gradient's allreduce as it is ready
+    # no_sync and backward: the defaults. Horovod's optimizer counts backward passes itself
+    # (backward_passes_per_step), and its hooks start each gradient's allreduce as it is ready.
 
     def finish_gradients(self, optimizer):
         # Wait for the allreduces backward started here, not inside step(): the trainer times the
@@ -90,10 +84,10 @@ class HorovodBackend:
         tensor = torch.as_tensor(np.asarray(values, dtype=np.float64))
         return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=f"hvdtrain.{name}").numpy()
 
-    def broadcast_object(self, obj, name: str | None = None):
+    def broadcast_object(self, obj, name: str):
         return self.hvd.broadcast_object(obj, root_rank=0, name=name)
 
-    def allgather_object(self, obj, name: str | None = None) -> list:
+    def allgather_object(self, obj, name: str) -> list:
         return self.hvd.allgather_object(obj, name=name)
 
     def barrier(self):

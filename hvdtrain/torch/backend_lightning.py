@@ -13,18 +13,18 @@ An optional dependency (`pip install 'hvdtrain[compare]'`).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 
 import torch
 
 from hvdtrain.errors import UsageError
-from hvdtrain.torch.torch_distributed import TorchDistributedCollectives, import_optional
+from hvdtrain.torch.torch_distributed import TorchDistributedBackend, import_optional
 
 
-class LightningBackend(TorchDistributedCollectives):
+class LightningBackend(TorchDistributedBackend):
     name = "lightning"
+    owns_loop = True  # Lightning's Trainer.fit runs the epochs (fit below)
 
     def __init__(self, cfg, cores_per_rank: int):
         self.pl = import_optional("lightning.pytorch", "lightning", "PyTorch Lightning")
@@ -60,14 +60,8 @@ class LightningBackend(TorchDistributedCollectives):
     def wrap_model(self, model, device):
         return model  # Lightning wraps it in DistributedDataParallel when fit starts
 
-    def unwrap(self, model):
-        return model
-
     def wrap_optimizer(self, optimizer, model, cfg):
         return optimizer
-
-    def no_sync(self, model, optimizer, last_micro_batch: bool):
-        return contextlib.nullcontext()  # --batches-per-allreduce > 1 is refused (hvdtrain/backends.py)
 
     def broadcast_state(self, model, optimizer, optimizer_state: bool):
         pass  # DDP broadcasts rank 0's weights when Lightning wraps the model; no resume (refused)
@@ -79,7 +73,7 @@ class LightningBackend(TorchDistributedCollectives):
         watch = WatchTrainer(trainer, self)
         self.trainer.callbacks.append(watch)
         self.trainer.fit(TrainerModule(trainer))
-        return trainer._finish(watch.stopped_by)
+        return trainer.finish(watch.stopped_by)
 
     def describe(self) -> dict:
         return {"backend": self.name, "lightning": self.pl.__version__, "cluster_environment": self.environment,

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from hvdtrain.errors import UsageError
-from hvdtrain.torch import data
 
 
 class TrainerModule(pl.LightningModule):
@@ -25,11 +24,11 @@ class TrainerModule(pl.LightningModule):
     def train_dataloader(self):
         # Reloaded every epoch: each epoch's shuffle, as for the other backends.
         hv = self.hv
-        return data.train_loader(hv.train_ds, hv.cfg, hv.rank, hv.world_size, hv.epoch, hv.step_in_epoch)
+        return hv.backend.train_loader(hv.train_ds, hv.cfg, hv.position.epoch, hv.position.step_in_epoch)
 
     def val_dataloader(self):
         hv = self.hv
-        return data.val_loader(hv.val_ds, hv.cfg, hv.rank, hv.world_size)
+        return hv.backend.val_loader(hv.val_ds, hv.cfg)
 
     def configure_optimizers(self):
         return {"optimizer": self.hv.optimizer, "lr_scheduler": {"scheduler": self.hv.scheduler, "interval": "step"}}
@@ -38,7 +37,7 @@ class TrainerModule(pl.LightningModule):
         from hvdtrain.torch.train import step_seed
 
         hv = self.hv
-        torch.manual_seed(step_seed(hv.cfg.seed, hv.global_step, hv.rank))
+        torch.manual_seed(step_seed(hv.cfg.seed, hv.position.global_step, hv.rank))
         x, y = batch
         out = self.model(x)
         loss = F.cross_entropy(out, y)
@@ -57,8 +56,9 @@ class TrainerModule(pl.LightningModule):
 
 
 class WatchTrainer(pl.Callback):
-    """hvdtrain's bookkeeping around Lightning's loop: the step meter (timed between barriers,
-    reduced losses, the stop vote), the watchdog, and one history record per epoch."""
+    """hvdtrain's bookkeeping around Lightning's loop, through the trainer's loop API
+    (hvdtrain/trainer.py): the step meter (timed between barriers, reduced losses, the stop vote),
+    the watchdog, and one history record per epoch."""
 
     def __init__(self, hv, backend):
         self.hv, self.backend = hv, backend
@@ -76,18 +76,18 @@ class WatchTrainer(pl.Callback):
                              f"launcher and Lightning disagree")
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self.steps, self.done = self.hv._start_epoch(), 0
+        self.steps, self.done = self.hv.start_epoch(), 0
         self.train_metrics, self.val_metrics = None, {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.hv.meter.before_step()
+        self.hv.before_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.done += 1
-        stop = self.hv._step_done(outputs["stats"])
+        stop = self.hv.step_done(outputs["stats"])
         if stop or self.done >= self.steps:
             # The clock stops here, before Lightning validates, as for the other backends.
-            self.train_metrics, self.stopped_by = self.hv.meter.end_epoch()
+            self.train_metrics, self.stopped_by = self.hv.epoch_steps_done()
             trainer.should_stop = trainer.should_stop or stop
 
     def on_validation_end(self, trainer, pl_module):
@@ -100,5 +100,5 @@ class WatchTrainer(pl.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         self.backend.threads_in_loop = torch.get_num_threads()  # recorded: what the steps really ran with
         if self.train_metrics is None:  # Lightning ended the epoch before the planned steps
-            self.train_metrics, self.stopped_by = self.hv.meter.end_epoch()
-        self.hv._end_epoch(self.train_metrics, self.val_metrics if self.hv.cfg.validates else {}, self.stopped_by)
+            self.train_metrics, self.stopped_by = self.hv.epoch_steps_done()
+        self.hv.end_epoch(self.train_metrics, self.val_metrics if self.hv.cfg.validates else {}, self.stopped_by)

@@ -1,6 +1,6 @@
-"""What the torch backends built on torch.distributed share (DDP, Accelerate): the env://
-rendezvous from whichever launcher started the ranks, and the collectives hvdtrain's trainer
-needs (hvdtrain.collectives), over the default process group (Gloo for CPU tensors)."""
+"""What the torch backends built on torch.distributed share (DDP, Accelerate, Lightning): the
+env:// rendezvous from whichever launcher started the ranks, and the collectives hvdtrain's
+trainer needs (hvdtrain.collectives), over the default process group (Gloo for CPU tensors)."""
 from __future__ import annotations
 
 import importlib
@@ -13,6 +13,7 @@ import torch
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.errors import UsageError
 from hvdtrain.netsockets import single_host
+from hvdtrain.torch.backend import TorchBackend
 
 
 def _store_for(env: ClusterEnv):
@@ -79,8 +80,8 @@ def import_optional(module: str, backend: str, library: str):
                          "pip install 'hvdtrain[compare]' (bash scripts/setup.sh installs it)") from None
 
 
-class TorchDistributedCollectives:
-    """Needs self.dist (torch.distributed, initialised) and self.world_size."""
+class TorchDistributedBackend(TorchBackend):
+    """A TorchBackend over torch.distributed's default group, which `_start_process_group` starts."""
 
     def _start_process_group(self) -> ClusterEnv:
         """start_process_group(); sets self.dist, rank, world_size, local_rank, local_world_size."""
@@ -90,24 +91,11 @@ class TorchDistributedCollectives:
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
         return env
 
-    def backward(self, loss):
-        loss.backward()
-
-    def finish_gradients(self, optimizer):
-        pass  # DDP's allreduce has finished inside backward()
-
-    def step(self, optimizer, scaler):
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
-
     def broadcast_state(self, model, optimizer, optimizer_state: bool):
         # DDP broadcast parameters and buffers when it wrapped the model; the optimizer state
         # (only after a resume) goes as an object.
         if optimizer_state:
-            optimizer.load_state_dict(self.broadcast_object(optimizer.state_dict()))
+            optimizer.load_state_dict(self.broadcast_object(optimizer.state_dict(), "optimizer_state"))
 
     def average_buffers(self, model):
         # DDP broadcasts rank 0's buffers before every forward, but each rank's forward then
@@ -125,12 +113,12 @@ class TorchDistributedCollectives:
         self.dist.all_reduce(out, op=self.dist.ReduceOp.SUM)
         return out.numpy()
 
-    def broadcast_object(self, obj, name: str | None = None):
+    def broadcast_object(self, obj, name: str):
         box = [obj]
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def allgather_object(self, obj, name: str | None = None) -> list:
+    def allgather_object(self, obj, name: str) -> list:
         out = [None] * self.world_size
         self.dist.all_gather_object(out, obj)
         return out

@@ -5,7 +5,8 @@
     horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain.torch --model resnet18 --steps 10
 
 Every rank runs this file; rank 0 alone logs, writes checkpoints and the result file. The
-backend (Horovod, or DDP for comparison) is chosen once in `Trainer.__init__`.
+backend (Horovod; DDP, Accelerate or Lightning for comparison) is started once, by
+`EpochTrainer.__init__` (hvdtrain/trainer.py), which then asks this trainer for the parts.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from hvdtrain import cli
 from hvdtrain.cluster import gpu_for_rank
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
-from hvdtrain.report import Rank0Reporter
+from hvdtrain.phases import PhaseClock
 from hvdtrain.schedule import lr_factor
 from hvdtrain.torch import data
 from hvdtrain.trainer import EpochTrainer
@@ -48,59 +49,9 @@ class Trainer(EpochTrainer):
     framework = "torch"
     prog = PROG
 
-    def __init__(self, cfg: TrainConfig):
-        super().__init__(cfg)
-        cfg, b = self.cfg, self.backend
-        self.device = self._pick_device(b.local_rank, b.local_world_size)
-        if cfg.amp and self.device.type != "cuda":
-            raise UsageError("--amp needs a CUDA GPU; this rank has none")
-
-        self.train_ds, self.val_ds, in_channels, self.num_classes, image_size = data.build_datasets(cfg)
-        self._plan_steps(len(self.train_ds), len(self.val_ds))
-
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, in_channels, self.num_classes, image_size).to(self.device)
-        self.channels_last = self.device.type == "cuda" and cfg.model in CHANNELS_LAST_MODELS
-        if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        self.raw_model = model
-
-        resumed_from, saved = self._restore_on_rank0(lambda path: self._load(path, model))
-        self.model = b.wrap_model(model, self.device)
-        # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
-        # is a new optimizer object and would drop the state of the one it wraps.
-        self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg, self.steps_per_epoch, self.schedule_steps))
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
-        if saved is not None:
-            self.optimizer.load_state_dict(saved["optimizer"])
-            # Not the checkpoint's scheduler: it (and the optimizer's initial_lr) carries the LR
-            # of the run that wrote it, which another --base-lr or global batch (--allow-resize)
-            # would silently keep. The LR is a function of the step and this run's config.
-            for group in self.optimizer.param_groups:
-                group["initial_lr"] = cfg.lr
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.optimizer, lr_factor(cfg, self.steps_per_epoch, self.schedule_steps),
-                last_epoch=self.global_step - 1)
-            if self.scaler is not None and saved.get("scaler"):
-                self.scaler.load_state_dict(saved["scaler"])
-        b.broadcast_state(model, self.optimizer, optimizer_state=resumed_from is not None)
-        if resumed_from is not None:
-            self.scheduler.load_state_dict(b.broadcast_object(self.scheduler.state_dict(), "scheduler"))
-        if cfg.log_dir and self.is_rank0:
-            self.reporter = self.meter.reporter = Rank0Reporter(True, cfg.log_dir, PROG)
-        if self.device.type == "cuda":
-            self.meter.phases = CudaPhaseClock(self.device)
-        if getattr(b, "fit", None):
-            self.meter.phases.disable()  # Lightning runs the step: its phases are not ours to mark
-        self.device_name = str(self.device)
-        self._log_start(resumed_from)
-
     def train(self) -> dict:
         # A backend that owns its loop (Lightning's Trainer.fit) runs it, fed by this trainer.
-        fit = getattr(self.backend, "fit", None)
-        return fit(self) if fit else super().train()
+        return self.backend.fit(self) if self.backend.owns_loop else super().train()
 
     def _set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)
@@ -108,18 +59,36 @@ class Trainer(EpochTrainer):
     def _current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]  # what the optimizer steps with, not the scheduler's view
 
-    # ------------------------------------------------------------------ set-up helpers
-    def _pick_device(self, local_rank: int, local_world_size: int) -> torch.device:
+    # ------------------------------------------------------------------ the start (EpochTrainer.__init__)
+    def _setup_device(self) -> str:
+        b = self.backend
         if torch.cuda.is_available():
-            device = torch.device("cuda", gpu_for_rank(local_rank, local_world_size, torch.cuda.device_count()))
-            torch.cuda.set_device(device)
-            return device
-        return torch.device("cpu")
+            gpu = gpu_for_rank(b.local_rank, b.local_world_size, torch.cuda.device_count())
+            self.device = torch.device("cuda", gpu)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        if self.cfg.amp and self.device.type != "cuda":
+            raise UsageError("--amp needs a CUDA GPU; this rank has none")
+        return str(self.device)
+
+    def _build_data(self) -> tuple[int, int]:
+        self.train_ds, self.val_ds, self.in_channels, self.num_classes, self.input_size = data.build_datasets(self.cfg)
+        return len(self.train_ds), len(self.val_ds)
+
+    def _build_model(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, self.in_channels, self.num_classes, self.input_size).to(self.device)
+        self.channels_last = self.device.type == "cuda" and cfg.model in CHANNELS_LAST_MODELS
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.raw_model = model  # unwrapped: what checkpoints and checksums hold
 
     def _checkpoint_config(self) -> dict:
         return {**self.cfg.to_dict(), "num_classes": self.num_classes}
 
-    def _load(self, path: str, model):
+    def _load_checkpoint(self, path: str):
         """Rank 0: the checkpoint's model state now (before DDP wraps the model: DDP broadcasts
         rank 0's weights). Returns its position, and the state (for the optimizer, once wrapped)."""
         distrust = ckpt.trust_problem(path, torch.__version__, self.cfg.trust_checkpoints)
@@ -128,10 +97,37 @@ class Trainer(EpochTrainer):
         state = torch.load(path, map_location="cpu", weights_only=True)
         ckpt.check_compatible(path, {**state["config"], "format_version": state["format_version"]},
                               self._checkpoint_config())
-        model.load_state_dict(state["model"])
+        self.raw_model.load_state_dict(state["model"])
         # A trial load: the optimizer state must fit now, while a failure still reaches every rank.
-        make_optimizer(self.cfg, model.parameters()).load_state_dict(state["optimizer"])
-        return state["config"], (state["epoch"], state["step_in_epoch"], state["global_step"], state["history"]), state
+        make_optimizer(self.cfg, self.raw_model.parameters()).load_state_dict(state["optimizer"])
+        return state["config"], ckpt.Position.from_checkpoint(state), state
+
+    def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
+        cfg, b, model = self.cfg, self.backend, self.raw_model
+        self.model = b.wrap_model(model, self.device)
+        # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
+        # is a new optimizer object and would drop the state of the one it wraps.
+        self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
+        if saved is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+            if self.scaler is not None and saved.get("scaler"):
+                self.scaler.load_state_dict(saved["scaler"])
+        # Not the checkpoint's scheduler: it (and the optimizer's initial_lr) carries the LR of
+        # the run that wrote it, which another --base-lr or global batch (--allow-resize) would
+        # silently keep. The LR is a function of the step and this run's config, so every rank
+        # builds the same scheduler at the step training starts from: nothing to broadcast.
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = cfg.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(cfg, self.plan.steps_per_epoch, self.plan.schedule_steps),
+            last_epoch=self.position.global_step - 1)
+        b.broadcast_state(model, self.optimizer, optimizer_state=resumed)
+
+    def _phase_clock(self):
+        if self.backend.owns_loop:
+            return None  # Lightning runs the step: its phases are not ours to mark
+        return CudaPhaseClock(self.device) if self.device.type == "cuda" else PhaseClock()
 
     # ------------------------------------------------------------------ the loop
     def _state_arrays(self):
@@ -144,16 +140,15 @@ class Trainer(EpochTrainer):
     def _train_epoch(self):
         cfg, b, meter = self.cfg, self.backend, self.meter
         k = cfg.batches_per_allreduce
-        # A backend whose library shards the data itself (Accelerate's prepare) builds the loader.
-        loader = b.train_loader(self.train_ds, cfg, self.epoch, self.step_in_epoch) if hasattr(b, "train_loader") \
-            else data.train_loader(self.train_ds, cfg, self.rank, self.world_size, self.epoch, self.step_in_epoch)
+        # The backend builds the loader: a library may shard the data itself (Accelerate's prepare).
+        loader = b.train_loader(self.train_ds, cfg, self.position.epoch, self.position.step_in_epoch)
         self.model.train()
-        steps = self._start_epoch()
+        steps = self.start_epoch()
         for i, (x, y) in enumerate(loader):
             if i == steps:
                 break
-            meter.before_step()
-            torch.manual_seed(step_seed(cfg.seed, self.global_step, self.rank))
+            self.before_step()
+            torch.manual_seed(step_seed(cfg.seed, self.position.global_step, self.rank))
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             if self.channels_last:
@@ -188,9 +183,9 @@ class Trainer(EpochTrainer):
             b.step(self.optimizer, self.scaler)
             self.scheduler.step()
             meter.phase("optimizer")
-            if self._step_done(stats):
+            if self.step_done(stats):
                 break
-        return meter.end_epoch()
+        return self.epoch_steps_done()
 
     def _mark_compute_when_gradients_are_done(self, loss) -> None:
         """Mark the end of compute when autograd has computed the last gradient, which is before
@@ -209,23 +204,19 @@ class Trainer(EpochTrainer):
         b = self.backend
         sums = torch.zeros(3, dtype=torch.float64)
         self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
-        # Accelerate's way: its own sharded loader, every rank gathering every sample's figures
-        # (gather_for_metrics); the others: an exact shard per rank, the sums reduced once.
-        gather = getattr(b, "gather_for_metrics", None)
-        loader = b.val_loader(self.val_ds, self.cfg) if hasattr(b, "val_loader") \
-            else data.val_loader(self.val_ds, self.cfg, self.rank, self.world_size)
-        for x, y in loader:
+        # By default an exact shard per rank, the sums reduced once; Accelerate's way: its own
+        # sharded loader, every rank gathering every sample's figures (gather_for_metrics).
+        for x, y in b.val_loader(self.val_ds, self.cfg):
             self.watchdog.beat(where="validating")
             x, y = x.to(self.device), y.to(self.device)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             with torch.autocast(self.device.type, enabled=self.cfg.amp):
                 out = self.model(x)
-            losses, correct = F.cross_entropy(out.float(), y, reduction="none"), (out.argmax(1) == y)
-            if gather:
-                losses, correct = gather((losses, correct))
+            losses, correct = b.gather_for_metrics((F.cross_entropy(out.float(), y, reduction="none"),
+                                                    out.argmax(1) == y))
             sums += torch.tensor([losses.sum().item(), correct.sum().item(), len(losses)], dtype=torch.float64)
-        total = sums.numpy() if gather else b.allreduce_sum(sums.numpy(), "val_sums")
+        total = b.validation_totals(sums.numpy())
         count = int(total[2])
         return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count, "val_count": count}
 
@@ -240,11 +231,11 @@ class Trainer(EpochTrainer):
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
-            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-            "history": self.history,
+            **self.position.to_checkpoint(),  # epoch, step_in_epoch, global_step, history
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
         }
-        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(self.global_step, self.epoch, "pt"))
+        at = self.position
+        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
         ckpt.atomic_write(path, lambda f: torch.save(state, f), signed=True)
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")

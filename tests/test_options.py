@@ -1,0 +1,89 @@
+"""One declaration per option (hvdtrain/options.py, hvdtrain/config.py): every TrainConfig field
+carries its help, per-rank and resume rules, and the command line, the ranks' agreement, the
+refusals and the resume keys are derived from it (fast tier)."""
+import dataclasses
+
+import pytest
+
+from hvdtrain import backends, options
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.config import TrainConfig, build_parser
+from hvdtrain.errors import UsageError
+from hvdtrain.options import MATCH, Option, declared, opt
+
+FIELDS = dataclasses.fields(TrainConfig)
+
+
+def test_every_field_declares_its_option():
+    for field in FIELDS:
+        o = field.metadata.get("option")
+        assert isinstance(o, Option), f"TrainConfig.{field.name} has no opt(...) declaration"
+        assert o.help and isinstance(o.per_rank, bool) and o.resume in (options.MATCH, options.RESIZE, options.FREE)
+
+
+def test_a_field_without_its_declaration_cannot_be_added():
+    bare = dataclasses.make_dataclass("WithANewOption", [("new_option", int, dataclasses.field(default=1))],
+                                      bases=(TrainConfig,), frozen=True)
+    with pytest.raises(TypeError, match="fields without an option declaration: new_option"):
+        declared(bare)
+    with pytest.raises(TypeError, match="per_rank"):
+        opt(1, help="a new option", resume=MATCH)  # per_rank is required
+    with pytest.raises(TypeError, match="resume"):
+        opt(1, help="a new option", per_rank=False, resume="maybe")
+    with pytest.raises(TypeError, match="backends"):
+        opt(False, help="a new option", per_rank=False, resume=MATCH, backends=("ddp",))  # horovod honours all
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_the_command_line_is_the_declared_flags(framework):
+    parser = build_parser(framework, ["resnet50", "mnist_cnn"], "prog")
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    declared_flags = [f for f in FIELDS if options.option(f).flag and framework in options.option(f).frameworks]
+    assert list(actions) == [f.name for f in declared_flags]  # in field order
+    for field in declared_flags:
+        o, action = options.option(field), actions[field.name]
+        assert action.option_strings == ["--" + field.name.replace("_", "-")]
+        expected = o.choices(framework) if callable(o.choices) else o.choices
+        assert (list(action.choices) if action.choices else None) == (list(expected) if expected else None)
+        recipe_option = field.name in ("base_lr", "warmup_epochs", "lr_schedule", "optimizer", "momentum",
+                                       "weight_decay")
+        assert action.default == (None if recipe_option else field.default), field.name
+    assert "amp" in actions if framework == "torch" else "loop" in actions
+    assert not {"framework", "recipe", "recipe_overrides", "world_size"} & set(actions)
+
+
+def test_what_ranks_may_differ_in_and_what_a_resume_must_match():
+    per_rank = {f.name for f in FIELDS if options.option(f).per_rank}
+    assert per_rank == {"threads_per_rank", "num_workers", "data_dir", "checkpoint_dir", "log_dir", "result_json",
+                        "recipe_overrides", "world_size"}
+    cfg = TrainConfig(data_dir="/mine", threads_per_rank=3)
+    assert set(options.shared(cfg)) == {f.name for f in FIELDS} - per_rank
+    assert ckpt.compatible_keys("torch") == ("framework", "model", "dataset", "image_size", "optimizer", "num_classes")
+    assert ckpt.compatible_keys("tf") == ("framework", "model", "dataset", "image_size", "optimizer", "loop",
+                                          "num_classes")
+    assert ckpt.RESIZE_KEYS == ("world_size", "batch_size", "batches_per_allreduce")
+
+
+@pytest.mark.parametrize("backend", backends.BACKENDS, ids=lambda b: b.label)
+def test_options_declared_for_some_backends_are_refused_by_the_others(backend):
+    for field in FIELDS:
+        honoured_by = options.option(field).backends
+        if honoured_by is None:
+            continue
+        given = {"cycle_time_ms": 2.0}.get(field.name, True)
+        base = {"loop": "custom"} if backend.framework == "tf" else {}
+        options_given = dict(framework=backend.framework, backend=backend.name, **base, **{field.name: given})
+        if backend.name in honoured_by:
+            TrainConfig(**options_given)
+        else:
+            with pytest.raises(UsageError, match=f"--{field.name.replace('_', '-')} is a Horovod option, which "
+                                                 f"--backend {backend.name} does not have"):
+                TrainConfig(**options_given)
+
+
+def test_bounds_are_checked_as_declared():
+    with pytest.raises(UsageError, match=r"--image-size must be >= 8 \(got 4\)"):
+        TrainConfig(image_size=4)
+    with pytest.raises(UsageError, match=r"--cycle-time-ms must be a finite number > 0 \(got 0\)"):
+        TrainConfig(cycle_time_ms=0.0)
+    TrainConfig(steps=None, threads_per_rank=None, warmup_epochs=0.0, num_workers=0)  # None and the bound pass
