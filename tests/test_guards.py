@@ -38,12 +38,21 @@ def test_bad_option_values_are_refused(options, message):
     assert message in str(err.value)
 
 
-def test_bad_option_value_is_one_line_with_exit_2():
+@pytest.mark.parametrize("argv, message", [
+    (["--base-lr", "nan"], "--base-lr must be a finite number > 0 (got nan)"),
+    # Found once the rank knows its device, after hvd.init(): a CPU-only node.
+    (["--amp", "--model", "mnist_cnn", "--dataset", "digits"], "--amp needs a CUDA GPU; this rank has none"),
+])
+def test_bad_input_is_one_line_with_exit_2(argv, message):
+    import torch
+
+    if "--amp" in argv and torch.cuda.is_available():
+        pytest.skip("this check is for CPU-only machines")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-m", "hvdtrain.torch", "--base-lr", "nan"], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "hvdtrain.torch", *argv], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=120)
     assert run.returncode == 2 and run.stderr.strip().splitlines() == [
-        "hvdtrain.torch: error [rank 0/1]: --base-lr must be a finite number > 0 (got nan)"], run.stderr
+        f"hvdtrain.torch: error [rank 0/1]: {message}"], run.stderr
 
 
 def test_outputs_checked(tmp_path):
@@ -54,6 +63,19 @@ def test_outputs_checked(tmp_path):
     assert ckpt.check_writable(str(a_file), None, None) == f"--checkpoint-dir {a_file} is a file, not a directory"
     assert ckpt.check_writable(None, None, str(tmp_path)) == f"--result-json {tmp_path} is a directory; give a file name"
     assert ckpt.check_writable(None, str(a_file / "sub"), None).startswith(f"--log-dir {a_file / 'sub'} is not writable (")
+
+
+def test_read_only_checkpoint_dir_is_refused(tmp_path):
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        assert ckpt.check_writable(str(ro / "ckpt"), None, None) == \
+            f"--checkpoint-dir {ro / 'ckpt'} is not writable (Read-only file system)"
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
 
 
 def test_checkpoints_get_the_umask_mode_and_stale_temporaries_go(tmp_path):

@@ -43,7 +43,21 @@ def test_validation_defaults_to_off_on_synthetic_data_only():
     ("batch_size", 0, "--batch-size must be >= 1 (got 0)"),
     ("dataset", "cifar", "unknown dataset 'cifar'"),
     ("log_interval", 0, "--log-interval must be >= 1"),
+    ("resume", True, "--resume needs --checkpoint-dir"),
 ])
 def test_config_refuses_bad_values(field, value, says):
     with pytest.raises(UsageError, match=says.replace("(", r"\(").replace(")", r"\)")):
         TrainConfig(**{field: value})
+
+
+def test_image_folders_are_checked_before_training(tmp_path):
+    from hvdtrain.datasets import check_enough_samples, check_imagefolder
+
+    with pytest.raises(UsageError, match=f"data dir '{tmp_path / 'nowhere'}' does not exist"):
+        check_imagefolder(str(tmp_path / "nowhere"))
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "val" / "cat").mkdir(parents=True)
+    with pytest.raises(UsageError, match="holds no images"):
+        check_imagefolder(str(tmp_path))
+    with pytest.raises(UsageError, match="the validation set has 1 samples, fewer than the 2 ranks"):
+        check_enough_samples(1, 2, "the validation set")
