@@ -1,15 +1,11 @@
-"""What the Python environment of set-up already holds, asked by scripts/setup.sh.
+"""What set-up finds on this machine, for scripts/setup.sh; its decisions are in setup_plan.py.
 
-Runs under the venv's python before hvdtrain is installed, so it imports nothing of hvdtrain:
+Runs before hvdtrain is installed, so it imports nothing of hvdtrain:
 
-    python scripts/stack.py frameworks      # "torch tf": the frameworks that import here
+    python scripts/stack.py plan [--shell] [setup.sh's options]  # set-up's plan (setup_plan.py) from
+                                            # the facts gathered here; --shell: for setup.sh's eval
     python scripts/stack.py keep-pins       # pip constraints that keep what the site installed
-    python scripts/stack.py version DIST    # a distribution's version, or "none"
-    python scripts/stack.py horovod torch tf  # where Horovod comes from and whether its ops load
-    python scripts/stack.py gpu auto|gpu|cpu  # "nccl|cpu<TAB>toolkit or -<TAB>why": Horovod's GPU ops
-    python scripts/stack.py cuda-archs        # "75,80,...": the GPU architectures torch was built for
-    python scripts/stack.py cuda-pypi-packages  # NVIDIA's PyPI compiler packages matching torch's CUDA
-    python scripts/stack.py cuda-pypi-assemble DIR  # one toolkit tree from those packages, for CMake
+    python scripts/stack.py cuda-pypi-assemble DIR  # one toolkit tree from NVIDIA's PyPI compiler, for CMake
 
 Why a site's packages are pinned rather than left alone: pip resolves every requirement again
 and would happily "upgrade" a site's CUDA torch to PyPI's build to satisfy some range; a
@@ -17,6 +13,7 @@ constraint `torch==<installed>` makes that impossible, and a real conflict an er
 """
 from __future__ import annotations
 
+import glob
 import importlib
 import importlib.metadata as md
 import os
@@ -24,6 +21,8 @@ import re
 import shutil
 import subprocess
 import sys
+
+import setup_plan as sp
 
 # What a site provides and a user venv must never replace.
 SITE_STACK = re.compile(r"^(torch|torchvision|torchaudio|tensorflow|tensorflow-cpu|tf-keras|keras|numpy|"
@@ -46,7 +45,6 @@ def frameworks() -> list[str]:
     found = []
     if _imports("torch") and _imports("torchvision"):
         found.append("torch")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if _imports("tensorflow"):
         found.append("tf")
     return found
@@ -70,13 +68,13 @@ def version(dist: str) -> str:
         return "none"
 
 
-def horovod(wanted: list[str]) -> str:
-    """One line: `none`, or `<venv|pythonpath|site> <version> <path> ok|missing:<what>` where <what> lists
-    the framework ops or controllers that do not load."""
+def horovod(wanted: tuple) -> sp.HorovodProbe | None:
+    """The Horovod this Python imports (None: none), where from, and which of the wanted framework
+    ops or controllers do not load."""
     try:
         import horovod as hvd_pkg
     except Exception:  # noqa: BLE001
-        return "none"
+        return None
     path = os.path.dirname(os.path.abspath(hvd_pkg.__file__))
     pythonpath = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if path.startswith((sys.prefix + os.sep, os.path.realpath(sys.prefix) + os.sep)):
@@ -98,8 +96,7 @@ def horovod(wanted: list[str]) -> str:
         mod = importlib.import_module(modules[wanted[0]]) if wanted else None
         if mod is not None and not (mod.mpi_built() or mod.gloo_built()):
             missing.append("controller")
-    version_ = getattr(hvd_pkg, "__version__", "?")
-    return f"{where} {version_} {path} {'ok' if not missing else 'missing:' + ','.join(missing)}"
+    return sp.HorovodProbe(where, getattr(hvd_pkg, "__version__", "?"), path, tuple(missing))
 
 
 def site_toolkit() -> str | None:
@@ -149,52 +146,11 @@ def gpu_present() -> bool:
         return False
 
 
-def decide_gpu(want: str, cuda: str | None, toolkit: str | None, gpus: bool) -> tuple[str, str]:
-    """Horovod's GPU operations for the nodes the jobs run on, not the node set-up runs on: a
-    login node has no GPU but the same CUDA torch and CUDA module as the GPU nodes.
-
-    want: "gpu" (--gpu), "cpu" (--cpu) or "auto". cuda: torch's CUDA version or None. toolkit: a
-    site CUDA toolkit or None. gpus: whether nvidia-smi answers here. Returns (ops, why), ops
-    "nccl" or "cpu"; with "nccl" and no toolkit set-up takes NVIDIA's from PyPI.
-    """
-    if want == "cpu":
-        return "cpu", "asked for (--cpu)"
-    if want == "gpu":
-        if not cuda:
-            raise SystemExit("--gpu: the torch here is a CPU-only build, so Horovod's NCCL ops could not take its "
-                             "CUDA tensors; load the site's CUDA PyTorch module (or install a CUDA torch), "
-                             "or use --cpu")
-        return "nccl", f"asked for (--gpu); torch is a CUDA {cuda} build"
-    if want != "auto":
-        raise SystemExit(f"GPU choice '{want}' is not auto, gpu or cpu")
-    if not cuda:
-        return "cpu", "torch is a CPU-only build (or absent): no GPU tensors to reduce"
-    if toolkit:
-        return "nccl", (f"torch is a CUDA {cuda} build and a CUDA toolkit is at {toolkit}"
-                        + ("" if gpus else " (no GPU on this node: built for the GPU nodes)"))
-    if gpus:
-        return "nccl", f"GPUs here, torch is a CUDA {cuda} build; no site CUDA toolkit, NVIDIA's from PyPI"
-    return "cpu", (f"torch is a CUDA {cuda} build but no CUDA toolkit is loaded and no GPU is here: load the "
-                   "CUDA module (or pass --gpu) on this login node for a build the GPU nodes can use")
-
-
 def cuda_archs() -> str:
     """The compute capabilities torch was built for, as Horovod's HOROVOD_BUILD_CUDA_CC_LIST."""
     import torch
 
     return ",".join(a.split("_")[1] for a in torch.cuda.get_arch_list() if a.startswith("sm_"))
-
-
-def cuda_pypi_packages(cuda: str) -> list[str]:
-    """NVIDIA's compiler wheels for torch's CUDA version. From CUDA 13 the packages are named without
-    a suffix and all install into nvidia/cu13; CUDA 12's carry -cu12."""
-    major, minor = cuda.split(".")[:2]
-    if int(major) >= 13:
-        # nvcc's own dependencies (cicc, the crt headers) are unversioned: pin them to its release;
-        # CCCL (nv/target, cuda/std) is what cuda_fp16.h includes.
-        return [f"{name}=={major}.{minor}.*" for name in ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt",
-                                                                "nvidia-cuda-cccl")]
-    return [f"{name}-cu{major}=={major}.{minor}.*" for name in ("nvidia-cuda-nvcc", "nvidia-cuda-cccl")]
 
 
 def cuda_pypi_assemble(dest: str) -> None:
@@ -238,28 +194,184 @@ def _merge(src: str, dst: str, copy: bool) -> None:
                 os.symlink(os.path.join(dirpath, name), target)
 
 
+# ---------------------------------------------------------------- the facts set-up decides on
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _which(*names: str) -> str | None:
+    """`command -v a || command -v b || ...`"""
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().rstrip("\n")
+    except OSError:
+        return None
+
+
+def debs_installed() -> frozenset:
+    """Of the packages the bare set-up installs, those dpkg says are installed (one dpkg-query)."""
+    r = _run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *sp.APT_PACKAGES])
+    return frozenset(line.split()[0] for line in (r.stdout.splitlines() if r else [])
+                     if line.endswith(" install ok installed"))
+
+
+# Runs under the interpreter the venv is made from, whatever its age: so plain enough for any Python.
+_PYTHON_PROBE = ("import os, sys, sysconfig\nprint(sys.version.split()[0])\n"
+                 "try:\n    import venv, ensurepip\n    print(1)\nexcept Exception:\n    print(0)\n"
+                 "print(int(os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))))\n")
+
+
+def probe_python(name: str) -> sp.PythonProbe:
+    path = shutil.which(name)
+    r = _run([path, "-c", _PYTHON_PROBE]) if path else None
+    out = r.stdout.split() if r and r.returncode == 0 else []
+    if len(out) != 3:
+        return sp.PythonProbe(name, path)
+    return sp.PythonProbe(name, path, out[0], out[1] == "1", out[2] == "1")
+
+
+def probe_mpi(bin_dir: str | None = None) -> sp.MpiProbe:
+    """`(mpirun --version || mpiexec --version)` and `mpicc -show`, from PATH or from bin_dir."""
+    def command(name: str) -> str:
+        return os.path.join(bin_dir, name) if bin_dir else name
+
+    text = ""
+    for launcher in ("mpirun", "mpiexec"):
+        r = _run([command(launcher), "--version"])
+        text += r.stdout if r else ""
+        if r and r.returncode == 0:
+            break
+    r = _run([command("mpicc"), "-show"])
+    return sp.MpiProbe(text, r.stdout if r else "")
+
+
+def nccl_home() -> str | None:
+    """The NCCL that torch's CUDA packages bring (nvidia-nccl-cu*)."""
+    try:
+        import nvidia.nccl
+
+        home = list(nvidia.nccl.__path__)[0]
+    except Exception:  # noqa: BLE001
+        return None
+    return home if os.path.isdir(os.path.join(home, "lib")) else None
+
+
+def tf_include() -> str | None:
+    try:
+        import tensorflow as tf
+
+        return tf.sysconfig.get_include()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def hvdtrain_root() -> str | None:
+    """The clone this Python's hvdtrain comes from (found, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("hvdtrain")
+    return os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None
+
+
+def python_facts(options: sp.Options, mode: str) -> dict:
+    """What the Python running this sees: setup.sh runs it under the venv's python once that runs."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    importable = tuple(frameworks()) if sp.frameworks_from_site(options, mode) else None
+    wanted, _ = sp.decide_frameworks(options.frameworks, mode, importable)
+    hvd = horovod(wanted)   # first: it imports the frameworks in the order set-up always did
+    cuda = torch_cuda()
+    return dict(planner=sys.executable, in_venv=os.path.realpath(sys.prefix) == os.path.realpath(options.venv),
+                pytag=f"py{sys.version_info[0]}{sys.version_info[1]}", importable=importable,
+                torch_version=version("torch"), tf_version=version("tensorflow"), torch_cuda=cuda,
+                torch_archs=cuda_archs() if cuda else "", nccl_home=nccl_home() if cuda else None,
+                tf_include=tf_include() if "tf" in wanted else None, horovod=hvd, hvdtrain_root=hvdtrain_root())
+
+
+def cache_facts(options: sp.Options) -> dict:
+    """What earlier runs left: stamps, cached wheels, PyPI's CUDA toolkits, PyPI's MPI in the venv."""
+    def holds(folder: str, pattern: str) -> bool:
+        return bool(glob.glob(os.path.join(glob.escape(folder), pattern)))
+
+    wheels = os.listdir(options.wheel_cache) if os.path.isdir(options.wheel_cache) else []
+    cudas = [d for d in (os.listdir(options.cache) if os.path.isdir(options.cache) else []) if d.startswith("cuda-pypi-")]
+    venv_bin = os.path.join(options.venv, "bin")
+    venv_mpi = all(os.access(os.path.join(venv_bin, name), os.X_OK) for name in ("mpicc", "mpirun"))
+    return dict(venv_python=os.access(os.path.join(venv_bin, "python"), os.X_OK),
+                venv_stamp=_read(os.path.join(options.venv, ".hvdtrain-deps")),
+                horovod_stamp=_read(os.path.join(options.venv, ".hvdtrain-horovod")),
+                cached_wheels=frozenset(w for w in wheels if holds(os.path.join(options.wheel_cache, w), "horovod-*.whl")),
+                cuda_pypi_ready=frozenset(d for d in cudas if os.access(os.path.join(options.cache, d, "bin", "nvcc"), os.X_OK)),
+                mpi_in_venv=probe_mpi(venv_bin) if venv_mpi else None)
+
+
+def input_facts(options: sp.Options) -> dict:
+    """Set-up's own files that its keys hash."""
+    def content(*paths: str) -> bytes:
+        data = b""
+        for path in paths:
+            with open(os.path.join(options.repo, path), "rb") as f:
+                data += f.read()
+        return data
+
+    return dict(pyproject=content("pyproject.toml"), lock=content(sp.LOCK),
+                patch=content("scripts/patch-horovod.sh", "scripts/horovod-keras3.patch"),
+                cxxflags=os.environ.get("CXXFLAGS", ""))
+
+
+def gather_facts(options: sp.Options) -> sp.Facts:
+    """Observe this machine for setup_plan.plan. The first decisions (mode, frameworks) say which
+    Python to probe and which Horovod ops to load: probing more would import TensorFlow for a
+    torch-only set-up."""
+    uid = os.geteuid()
+    apt = bool(shutil.which("apt-get") and shutil.which("dpkg-query"))
+    mode, _ = sp.decide_mode(options.mode, uid, apt)
+    host = dict(uid=uid, apt=apt, debs_installed=debs_installed() if mode == "bare" else frozenset(),
+                mpicc=_which("mpicc", "mpicxx"), launcher=_which("srun", "mpirun", "mpiexec"),
+                cxx=_which(os.environ.get("CXX") or "g++", "c++"), python=probe_python(sp.base_python(options, mode)),
+                gpus_here=gpu_present(), toolkit=site_toolkit(), mpi_on_path=probe_mpi())
+    return sp.Facts(options=options, **host, **python_facts(options, mode), **cache_facts(options),
+                    **input_facts(options))
+
+
+def plan_command(args: list[str]) -> None:
+    """`plan [--shell] [setup.sh's options]`: the plan, for people or (--shell) for setup.sh's eval."""
+    as_shell = "--shell" in args
+    options = sp.parse_options([a for a in args if a != "--shell"], dict(os.environ))
+    # Whatever the frameworks print while they are probed must not reach the eval: fd 1 is stderr meanwhile.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        facts = gather_facts(options)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    p = sp.plan(facts)
+    print(sp.shell(p, options) if as_shell else "\n".join(sp.describe(p)))
+
+
 def main(argv: list[str]) -> None:
     cmd, args = argv[0], argv[1:]
-    if cmd == "frameworks":
-        print(" ".join(frameworks()))
-    elif cmd == "keep-pins":
-        print("\n".join(keep_pins()))
-    elif cmd == "version":
-        print(version(args[0]))
-    elif cmd == "horovod":
-        print(horovod(args))
-    elif cmd == "gpu":
-        toolkit = site_toolkit()
-        ops, why = decide_gpu(args[0] if args else "auto", torch_cuda(), toolkit, gpu_present())
-        print(f"{ops}\t{toolkit or '-'}\t{why}")
-    elif cmd == "cuda-archs":
-        print(cuda_archs())
-    elif cmd == "cuda-pypi-packages":
-        print(" ".join(cuda_pypi_packages(torch_cuda() or "")))
-    elif cmd == "cuda-pypi-assemble":
-        cuda_pypi_assemble(args[0])
-    else:
-        sys.exit(f"unknown command {cmd}")
+    try:
+        if cmd == "plan":
+            plan_command(args)
+        elif cmd == "keep-pins":
+            print("\n".join(keep_pins()))
+        elif cmd == "cuda-pypi-assemble":
+            cuda_pypi_assemble(args[0])
+        else:
+            sys.exit(f"unknown command {cmd}")
+    except sp.PlanError as e:
+        sys.exit(f"[setup] {e}")
 
 
 if __name__ == "__main__":

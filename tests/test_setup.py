@@ -128,7 +128,7 @@ def check_build_marks(output: str, marks=("TensorFlow", "PyTorch", "MPI", "Gloo"
 
 # What makes set-up build another Horovod (or venv): a cache made by an earlier run of a test is
 # reused only while these are unchanged, and always made afresh on a cold machine.
-BUILD_INPUTS = ["scripts/setup.sh", "scripts/stack.py", "scripts/patch-horovod.sh",
+BUILD_INPUTS = ["scripts/setup.sh", "scripts/stack.py", "scripts/setup_plan.py", "scripts/patch-horovod.sh",
                 "scripts/horovod-keras3.patch", "scripts/env.sh", "constraints/debian12-py311.txt",
                 "pyproject.toml"]
 
