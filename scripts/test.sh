@@ -10,4 +10,4 @@ source "$REPO/scripts/env.sh"
 export PATH=$HVDTRAIN_VENV/bin:$PATH
 cd "$REPO"
 echo "[test] $(date -u +%H:%M:%S) running the test suite"
-exec python -m pytest -ra --durations=15 -p no:cacheprovider "$@" tests
+exec python -m pytest -ra --durations=25 -p no:cacheprovider "$@" tests
