@@ -15,6 +15,12 @@ from hvdtrain.phases import PHASES, slowest_rank_line
 # Pairs that start from the same weights and see the same batches: their losses must agree.
 PARITY_PAIRS = tuple((b.parity_with, b.label) for b in backends.BACKENDS if b.parity_with)
 
+
+def median_phases(breakdowns: list[dict]) -> dict | None:
+    """Phase by phase, the median of several breakdowns (ranks of a run, or runs of a size)."""
+    return {phase: statistics.median(b[phase] for b in breakdowns) for phase in PHASES} if breakdowns else None
+
+
 def record_from_result(result: dict, path: str) -> dict:
     """What a report takes from one trainer's result file (written by rank 0 at the run's end)."""
     tp = result.get("throughput") or {}
@@ -29,8 +35,7 @@ def record_from_result(result: dict, path: str) -> dict:
             "threads": [r["threads"] for r in ranks], "launcher": result.get("launcher"),
             "hosts": sorted({r["host"] for r in ranks}),
             # The breakdown of the median rank in each phase, and the line naming the slowest rank.
-            "phases_ms": {phase: statistics.median(r["phases_ms"][phase] for r in timed) for phase in PHASES}
-            if timed else None,
+            "phases_ms": median_phases([r["phases_ms"] for r in timed]),
             "slowest_rank": slowest_rank_line(timed) if timed else None,
             # Wall time per epoch, warm-up and validation included (fractional epochs count as such).
             "epoch_seconds": last["elapsed_s"] / last["epoch"] if last.get("elapsed_s") and last.get("epoch") else None,
@@ -83,7 +88,7 @@ def summarize(measurements: list[dict], backends: list[str], sizes: list[int], w
                    "scaling_efficiency": per_rank / base if per_rank and base else None,
                    "val_acc": statistics.median(accs) if accs else None,
                    "epoch_seconds": _median(m.get("epoch_seconds") for m in ok),
-                   "phases_ms": {p: statistics.median(ph[p] for ph in phased) for p in PHASES} if phased else None,
+                   "phases_ms": median_phases(phased),
                    "slowest_rank": next((m["slowest_rank"] for m in ok if m.get("slowest_rank")), None),
                    "weights_equal_across_ranks": all(len(set(m["param_checksums"])) == 1 for m in ok)}
             if target_accuracy is not None:
