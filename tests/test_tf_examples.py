@@ -42,7 +42,9 @@ def test_custom_loop_digits():
     run = example("custom_loop_digits.py")
     assert val_accuracy(run.output) >= 0.95, run.output[-3000:]
     losses = [float(x) for x in re.findall(r"<stdout>:step \d+: loss ([0-9.]+)", run.output)]
-    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    # One batch's loss is noisy (0.05-0.4 late in training), so compare the last one with the
+    # loss after the first step, from random weights (about ln 10 = 2.3), not with step 50's.
+    assert len(losses) == 7 and losses[-1] < 0.5 * losses[0], losses
 
 
 def test_resnet50_synthetic_benchmark_reports_every_rank():

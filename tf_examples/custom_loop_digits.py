@@ -88,8 +88,9 @@ for step, (images, labels) in enumerate(dataset.take(args.steps)):
         # argument, as in Horovod's example, would trace the whole step twice.)
         hvd.broadcast_variables(tf_variables(model.weights), root_rank=0)
         hvd.broadcast_variables(tf_variables(opt.variables), root_rank=0)
-    if (step + 1) % args.log_interval == 0:
-        # Horovod: the mean loss over ranks, at log intervals only (a collective costs a round trip).
+    if step == 0 or (step + 1) % args.log_interval == 0:
+        # Horovod: the mean loss over ranks, after the first step and at log intervals only (a
+        # collective costs a round trip).
         loss = hvd.allreduce(loss, name="loss")
         if hvd.rank() == 0:
             print(f"step {step + 1}: loss {float(loss):.4f}", flush=True)
