@@ -49,8 +49,11 @@ SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-# cred_expire: a requeued job waits this long before it may start again (default 120 s).
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=30
+# cred_expire: a requeued job waits this long before it may start again (default 120 s); a step's
+# launch credential lives as long, ample on one machine. sched_interval: the main scheduling pass,
+# which is what starts a requeued job once it may (default every 60 s; backfill did not).
+# Measured: scontrol requeue -> running again 55 s with the defaults and cred_expire=30, 7.5 s with 5.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 # Per node (%n): several slurmd of one cluster may run on this machine.
@@ -69,6 +72,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
 MpiDefault=pmix
 ReturnToService=2
 JobRequeue=1
