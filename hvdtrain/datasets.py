@@ -8,6 +8,8 @@ same samples in the same split. Arrays are channels-first float32 in [0, 1].
 from __future__ import annotations
 
 import argparse
+import gzip
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -42,13 +44,27 @@ class ArraySplit:
         return int(self.x_train.shape[2])
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """What sklearn.datasets.load_digits() returns as (images, target), read from the file it
+    reads, without importing scikit-learn: its import costs about 1.4 s in every rank of every
+    digits run (tests/test_datasets.py checks the two agree)."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running its __init__
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.exists(path):  # another scikit-learn layout: ask it
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 def digits_split(val_size: int = DIGITS_VAL_SIZE, seed: int = 0) -> ArraySplit:
     """scikit-learn's real 8x8 handwritten digits (values 0..16), shuffled once with `seed`."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
-    y = bunch.target.astype(np.int64)
+    images, target = digits_arrays()
+    x = (images.astype(np.float32) / 16.0)[:, None, :, :]
+    y = target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(y))
     x, y = x[order], y[order]
     return ArraySplit(x[val_size:], y[val_size:], x[:val_size], y[:val_size], 10)
