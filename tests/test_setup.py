@@ -268,13 +268,13 @@ def test_site_module_is_kept_and_trains(cluster_user, cluster_root):
 
     train = as_user(cluster_user, cluster_root, "module-horovod",
                     f"cd repo && timeout 300 mpirun -np 2 --bind-to none --oversubscribe {venv}/bin/python -m hvdtrain.torch "
-                    f"--model mnist_cnn --dataset digits --optimizer adam --base-lr 0.003 --epochs 8 --threads-per-rank 1 "
+                    f"--model mnist_cnn --dataset digits --optimizer adam --base-lr 0.003 --epochs 4 --threads-per-rank 1 "
                     f"--result-json {home}/site.json "
                     f"&& {venv}/bin/python -c \"import json; r = json.load(open('{home}/site.json')); "
                     "print('ACC', r['final']['val_acc'], r['world_size'])\"", timeout=360)
     assert train.returncode == 0, (train.stdout + train.stderr)[-4000:]
     acc, world = train.stdout.split("ACC")[-1].split()
-    assert world == "2" and float(acc) > 0.9, train.stdout[-2000:]
+    assert world == "2" and float(acc) > 0.85, train.stdout[-2000:]
 
 
 def test_failing_step_stops_setup_and_leaves_no_stamp(tmp_path):
