@@ -156,9 +156,31 @@ def uninterrupted(slurm_cluster, tmp_path_factory):
     return {"job_id": job_id, "log": log, "info": info, "cwd": cwd}
 
 
-# Fixtures that start real daemons or set-ups: a test that uses one is in the distributed tier.
+@pytest.fixture(scope="session")
+def digits_checkpoints(tmp_path_factory) -> str:
+    """A directory holding the two epoch-end checkpoints of 2 epochs of mnist_cnn on the digits at
+    2 ranks (DIGITS_CHECKPOINT_ARGV), trained once for the tests that need a real checkpoint to
+    damage, resume, or measure. Tests copy it (copy_checkpoints) and never write into it."""
+    ckpt_dir = str(tmp_path_factory.mktemp("digits-checkpoints") / "ckpt")
+    launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.torch", *DIGITS_CHECKPOINT_ARGV, "--epochs", "2",
+                         "--checkpoint-dir", ckpt_dir], timeout=180)
+    return ckpt_dir
+
+
+# The options digits_checkpoints trained with: a resume from a copy must repeat them (with its own
+# --epochs and --checkpoint-dir), or the checkpoint is refused as written by another run.
+DIGITS_CHECKPOINT_ARGV = ["--model", "mnist_cnn", "--dataset", "digits", "--threads-per-rank", "1"]
+
+
+def copy_checkpoints(source: str, destination: str) -> str:
+    shutil.copytree(source, destination)
+    return destination
+
+
+# Fixtures that start real daemons or set-ups, or launch ranks: a test that uses one is in the
+# distributed tier.
 SLOW_FIXTURES = {"slurm_cluster", "uninterrupted", "three_node_cluster", "site_shaped_controller", "cluster_user",
-                 "cluster_root"}
+                 "cluster_root", "digits_checkpoints"}
 
 
 def pytest_collection_modifyitems(config, items):

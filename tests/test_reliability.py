@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, finish_launch, launch,
-                      launch_each_rank_to_its_end, launcher_prefix, marked_env, processes_left, rank_pids,
-                      start_launch)
+from conftest import (DIGITS_CHECKPOINT_ARGV, PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env,
+                      copy_checkpoints, finish_launch, launch, launch_each_rank_to_its_end, launcher_prefix, marked_env,
+                      processes_left, rank_pids, start_launch)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
@@ -162,12 +162,11 @@ def test_finite_divergence_stops_without_writing_a_checkpoint(tmp_path):
     assert "diverged" not in off.output
 
 
-def test_damaged_newest_checkpoint_gives_way_to_the_one_before(tmp_path):
+def test_damaged_newest_checkpoint_gives_way_to_the_one_before(tmp_path, digits_checkpoints):
     """A truncated newest checkpoint (a crash, a full disk, a bad copy) must not stop a requeued
     job for good: the resume names it, moves it aside and resumes from the one before."""
-    ckpt_dir = str(tmp_path / "ckpt")
-    argv = TORCH + DIGITS + ["--checkpoint-dir", ckpt_dir]
-    launch("mpirun", 2, argv + ["--epochs", "2"], timeout=180)
+    ckpt_dir = copy_checkpoints(digits_checkpoints, str(tmp_path / "ckpt"))  # epochs 1 and 2
+    argv = TORCH + DIGITS_CHECKPOINT_ARGV + ["--checkpoint-dir", ckpt_dir]
     first, newest = list_checkpoints(ckpt_dir)
     with open(newest, "r+b") as f:
         f.truncate(os.path.getsize(newest) // 2)
@@ -240,10 +239,8 @@ def test_unwritable_output_fails_before_training_on_every_rank(tmp_path, what):
     assert "epoch 1/" not in run.output, "failed before the first step"
 
 
-def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp_path):
-    probe = str(tmp_path / "probe")
-    launch("mpirun", 2, TORCH + DIGITS + ["--epochs", "1", "--checkpoint-dir", probe], timeout=180)
-    size = os.path.getsize(latest_checkpoint(probe))
+def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp_path, digits_checkpoints):
+    size = os.path.getsize(latest_checkpoint(digits_checkpoints))  # what one checkpoint of this run takes
     full = tmp_path / "small-fs"
     full.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.6)}", "tmpfs", str(full)],

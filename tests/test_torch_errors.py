@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, launch,
+from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, copy_checkpoints, launch,
                       launch_each_rank_to_its_end, launcher_prefix)
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
@@ -56,10 +56,9 @@ def test_bad_input_under_other_launchers(launcher, request):
     fails_with(SMALL + ["--model", "vgg99"], UNKNOWN_MODEL, launcher=launcher)
 
 
-def test_incompatible_checkpoint_lists_differences(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    launch("mpirun", 2, TRAINER + SMALL + ["--steps", "2", "--checkpoint-dir", str(ckpt)], timeout=120)
-    argv = ["--dataset", "digits", "--model", "resnet18", "--epochs", "1", "--checkpoint-dir", str(ckpt)]
+def test_incompatible_checkpoint_lists_differences(tmp_path, digits_checkpoints):
+    ckpt = copy_checkpoints(digits_checkpoints, str(tmp_path / "ckpt"))  # mnist_cnn's
+    argv = ["--dataset", "digits", "--model", "resnet18", "--epochs", "3", "--checkpoint-dir", ckpt]
     message = "does not match this run: model: checkpoint 'mnist_cnn', this run 'resnet18'"
     fails_with(argv, message)
     # Rank 0 alone reads the checkpoint; rank 1 must fail too instead of waiting in a collective.
