@@ -4,11 +4,14 @@
 
 Runs, side by side in one invocation and alternated within each repeat, 2 ranks under
 `mpirun --bind-to none`, one thread per rank, each with HVDTRAIN_PHASES=1 (the default) and
-HVDTRAIN_PHASES=0 (no marks, no autograd callback):
+HVDTRAIN_PHASES=0 (torch: no marks, no autograd callback; TF: the step in one tf.function instead
+of three, so the gradient allreduce overlaps backward again):
 
   torch-digits-on/off   hvdtrain.torch, Horovod, mnist_cnn on the digits (steps of a few ms: the
                         marks' fixed cost weighs most here)
   torch-resnet-on/off   hvdtrain.torch, Horovod, ResNet-18 on synthetic 64x64 images
+  tf-digits-on/off      hvdtrain.tf --loop custom, Horovod, mnist_cnn on the digits
+  tf-resnet-on/off      hvdtrain.tf --loop custom, Horovod, ResNet-18 on synthetic 64x64 images
 
 and prints img/s (median over repeats) and each ratio on / off. Numbers are benchmark output,
 never test assertions: this machine is shared and noisy.
@@ -33,9 +36,12 @@ def configs(a):
     common = ["--threads-per-rank", "1", "--log-interval", "1000", "--validation", "off", "--warmup-steps", "2"]
     resnet = ["--model", "resnet18", "--dataset", "synthetic", "--image-size", str(a.image_size),
               "--batch-size", str(a.batch_size), "--synthetic-size", "1024", "--steps", str(a.steps + 2)]
+    digits = ["--model", "mnist_cnn", "--dataset", "digits", "--epochs", "3"]
     workloads = {
-        "torch-digits": ["hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "3"],
+        "torch-digits": ["hvdtrain.torch", *digits],
         "torch-resnet": ["hvdtrain.torch", *resnet],
+        "tf-digits": ["hvdtrain.tf", *digits],
+        "tf-resnet": ["hvdtrain.tf", *resnet],
     }
     table = {}
     for workload, argv in workloads.items():
@@ -70,8 +76,8 @@ def main():
             last = phases[n][-1] if phases[n] else None
             shown = ", ".join(f"{k} {v:.1f}" for k, v in last.items()) if last else "off"
             lines.append(f"| {n} | {med[n]:.2f} | {' '.join(f'{v:.2f}' for v in results[n])} | {shown} |")
-    ratios = {w: med[f"{w}-on"] / med[f"{w}-off"] for w in ("torch-digits", "torch-resnet")
-              if f"{w}-on" in med and f"{w}-off" in med}
+    workloads = dict.fromkeys(n.rsplit("-", 1)[0] for n in names)
+    ratios = {w: med[f"{w}-on"] / med[f"{w}-off"] for w in workloads if f"{w}-on" in med and f"{w}-off" in med}
     lines += ["", "| breakdown on / off | ratio |", "|---|---|"]
     lines += [f"| {w} | {r:.3f} |" for w, r in ratios.items()]
     report = "\n".join(lines)

@@ -7,15 +7,19 @@ synchronisation. So each rank splits its timed steps into phases, and rank 0 com
     data       waiting for the next batch (the loader, the copy to the device)
     compute    forward and backward, up to the last local gradient
     sync       the gradient synchronisation not hidden behind compute: Horovod's synchronize(),
-               the end of DDP's backward, the metrics' reduction, the epoch's closing barrier
+               the end of DDP's backward, the TF custom loop's allreduce (Horovod's or MWMS's),
+               the metrics' reduction, the epoch's closing barrier
     optimizer  the optimizer step and the LR schedule
     other      the trainer's own bookkeeping: metrics, the stop vote, logging
 
 The trainer marks the end of each phase (`clock.mark("compute")`): a phase's time is from the
 previous mark to its own, so the phases of a step add up to the step. Host marks use the monotonic
 clock; on a GPU the torch trainer records CUDA events instead and reads them at the end of each
-epoch (hvdtrain/torch/phases.py), adding no synchronisation. The TF trainer is not split yet
-(hvdtrain/tf/train.py says why).
+epoch (hvdtrain/torch/phases.py), adding no synchronisation. The TF custom loop runs its step as
+three tf.functions (compute, sync, optimizer) with host marks between their calls, on a CPU only:
+on a GPU a call returns once its kernels are queued, and TF has no device-side timer the host
+could read later without synchronising (as torch's CUDA events), so the TF step is not split
+there; nor under Keras fit, which runs the step itself (hvdtrain/tf/loops.py).
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ def injected_delay(rank: int, environ=None) -> float:
 
 
 def phases_enabled(environ=None) -> bool:
-    """HVDTRAIN_PHASES=0 turns the marks off (benchmarks/phases_overhead.py measures their cost)."""
+    """HVDTRAIN_PHASES=0 turns the marks off, and runs the TF custom loop's step in one function
+    (benchmarks/phases_overhead.py measures their cost)."""
     return (environ if environ is not None else os.environ).get("HVDTRAIN_PHASES", "1") != "0"
 
 

@@ -66,8 +66,8 @@ def test_the_interfaces_declare_their_optional_capabilities_with_defaults():
     # What every backend must write itself; everything else has a default in the interface.
     assert TorchBackend.__abstractmethods__ == {"wrap_model", "wrap_optimizer", "broadcast_state", "average_buffers",
                                                 *Collectives.__abstractmethods__}
-    assert TFBackend.__abstractmethods__ == {"distributed_tape", "broadcast_variables", "average_variables",
-                                             *Collectives.__abstractmethods__}
+    assert TFBackend.__abstractmethods__ == {"distributed_tape", "reduce_gradients", "broadcast_variables",
+                                             "average_variables", *Collectives.__abstractmethods__}
     owning = [b.name for b in backends.BACKENDS if b.framework == "torch" and b.implementation().owns_loop]
     assert owning == ["lightning"]
 

@@ -8,7 +8,13 @@ anything starts, so their defaults, which raise, are never reached.
 
     with b.scope(): model, optimizer           # tf.distribute: mirrored variables
     b.run(replica_step, x, y)                  # inside the tf.function of a step
-    tape = b.distributed_tape(tape, cfg)       # gradients reduced over ranks
+    tape = b.distributed_tape(tape, cfg)       # gradients reduced over ranks (the step in one function)
+
+The custom loop's step split into phases (hvdtrain/tf/loops.py) runs the same reduction in a
+tf.function of its own, then the update where the optimizer does not reduce again:
+
+    grads = b.reduce_gradients(grads, cfg)         # the sync phase
+    b.apply_reduced(optimizer, grads, variables)   # the optimizer phase
 """
 from __future__ import annotations
 
@@ -37,6 +43,17 @@ class TFBackend(Collectives):
     @abc.abstractmethod
     def distributed_tape(self, tape, cfg):
         """The tape whose gradient() the step applies: reduced over ranks where the optimizer does not."""
+
+    @abc.abstractmethod
+    def reduce_gradients(self, grads, cfg):
+        """The local gradients of a step reduced over ranks exactly as the step in one function
+        reduces them (distributed_tape's, or the optimizer's), inside a tf.function of their own."""
+
+    def apply_reduced(self, optimizer, grads, variables) -> None:
+        """The Keras optimizer's update with gradients reduced already (by reduce_gradients),
+        inside a tf.function of its own; a backend whose optimizer reduces the gradients it is
+        given (tf.distribute) keeps it from reducing them again."""
+        optimizer.apply_gradients(zip(grads, variables))
 
     # ------------------------------------------------------------------ state
     @abc.abstractmethod

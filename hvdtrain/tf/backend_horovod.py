@@ -5,6 +5,7 @@ optimizer plus its callbacks (fit loop), broadcast variables from rank 0, averag
 statistics, and the collectives of hvdtrain.collectives.
 
     tape = backend.distributed_tape(tape, cfg)          # gradients averaged over ranks
+    grads = backend.reduce_gradients(grads, cfg)        # the same, for the step split into phases
 """
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ class HorovodBackend(TFBackend):
     def distributed_tape(self, tape, cfg):
         # Horovod: tape.gradient() returns the gradients allreduced (averaged) over ranks.
         return self.hvd.DistributedGradientTape(tape, **self._reduce_options(cfg))
+
+    def reduce_gradients(self, grads, cfg):
+        # What DistributedGradientTape.gradient() does with the tape's gradients, with the same
+        # options: one hvd.allreduce per gradient, fused by Horovod's background thread. Here in
+        # a tf.function of its own, after the last local gradient, so that the loop can time the
+        # wait for the other ranks apart from compute.
+        options = self._reduce_options(cfg)
+        return [None if g is None else self.hvd.allreduce(g, **options) for g in grads]
 
     # Keras fit loop ------------------------------------------------------------------------
     def keras_optimizer(self, optimizer, cfg):

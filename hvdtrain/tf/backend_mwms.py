@@ -11,6 +11,7 @@ its own shard (the datasets are not auto-sharded), exactly as under Horovod.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -34,6 +35,23 @@ def cluster_resolver(env: ClusterEnv):
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
                                           "task": {"type": "worker", "index": env.rank}})
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+@contextlib.contextmanager
+def _summed_already(optimizer):
+    """While a step is traced, Keras' TF optimizer takes its gradients as summed over replicas:
+    its _all_reduce_sum_gradients (the replica context's sum, keras/src/backend/tensorflow/
+    optimizer.py) returns them as they are. Checked, not assumed: a Keras without it would sum
+    them twice."""
+    if not callable(getattr(type(optimizer), "_all_reduce_sum_gradients", None)):
+        raise RuntimeError(f"{type(optimizer).__module__}.{type(optimizer).__name__} has no "
+                           "_all_reduce_sum_gradients: this Keras cannot run the TF step split into phases "
+                           "under MWMS (HVDTRAIN_PHASES=0 runs it in one function)")
+    optimizer._all_reduce_sum_gradients = list
+    try:
+        yield
+    finally:
+        del optimizer._all_reduce_sum_gradients
 
 
 class MWMSBackend(TFBackend):
@@ -62,6 +80,26 @@ class MWMSBackend(TFBackend):
 
     def distributed_tape(self, tape, cfg):
         return tape  # the optimizer all-reduces the gradients under the strategy
+
+    def reduce_gradients(self, grads, cfg):
+        # The all-reduce Keras' optimizer makes in a replica context (its
+        # _all_reduce_sum_gradients: the replica context's all_reduce, a sum of the list), made here
+        # in a tf.function of its own so that the loop can time it apart from compute.
+        def all_reduce(grads):
+            # Copied onto the replica's device first: the function's inputs have none, and the
+            # all-reduce sends its result to its inputs' devices.
+            grads = [tf.identity(g) for g in grads]
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        return self.strategy.run(all_reduce, args=(grads,))
+
+    def apply_reduced(self, optimizer, grads, variables):
+        # Keras' optimizer updates the variables in a merge_call, which only a replica context
+        # has, and there it first sums the gradients over the replicas itself: here it is told
+        # that they are summed already (by reduce_gradients, with the same all-reduce).
+        def apply(grads):
+            with _summed_already(optimizer):
+                optimizer.apply_gradients(zip(grads, variables))
+        self.strategy.run(apply, args=(grads,))
 
     def _sum(self, array: np.ndarray) -> np.ndarray:
         if self.world_size == 1:

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.errors import UsageError
+from hvdtrain.phases import phases_enabled
 from hvdtrain.schedule import lr_factor
 from hvdtrain.tf.devices import tf_variable
 
@@ -36,7 +37,21 @@ def step_stats(labels, logits):
 
 
 class CustomLoop:
-    """A tf.function step with Horovod's DistributedGradientTape, on the current Keras (3)."""
+    """A GradientTape step in tf.function, on the current Keras (3): in one function with
+    Horovod's DistributedGradientTape (or tf.distribute's optimizer) reducing the gradients, or
+    split into three functions called one after the other so that the host can time each phase
+    (hvdtrain/phases.py): compute (forward, local gradients), sync (their reduction over ranks),
+    optimizer (the update).
+
+    The split runs where the phases are measured: on a CPU, with HVDTRAIN_PHASES unset or 1. A
+    function's call returns there when its kernels have run, so the host clock between calls
+    times each phase; on a GPU it returns once they are queued, and timing them would take a
+    device synchronisation: GPUs run the step in one function, not split. The split reduces the
+    gradients after the last one is computed, not each as it comes during backward (no overlap
+    of the allreduce with backward), in three calls instead of one: nothing measurable on
+    ResNet-18, about a quarter of the digits CNN's 8 ms step (benchmarks/phases_overhead.py).
+    Both ways reduce and apply the gradients with the same operations: the same losses bit for
+    bit, and Horovod-TF and MWMS still agree step for step (hvdtrain.compare's parity)."""
 
     def __init__(self, cfg, keras, model, backend, trainer):
         self.cfg, self.model, self.backend, self.trainer = cfg, model, backend, trainer
@@ -54,8 +69,9 @@ class CustomLoop:
         # Horovod's tape keys gradients by Variable.ref(), which Keras 3 variables lack: ask for
         # the gradients of the tf.Variables behind them.
         sources = [tf_variable(v) for v in model.trainable_variables]
+        self.split = phases_enabled() and backend.device == "cpu"
 
-        def replica_step(x, y):
+        def gradients(x, y, reduce_in_tape):
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
                 stats, loss = step_stats(y, logits)
@@ -63,32 +79,73 @@ class CustomLoop:
                     loss += l2_penalty(model.trainable_variables, decay)
                 # tf.distribute sums gradients over replicas; Horovod averages them (scale 1).
                 loss = loss * backend.gradient_scale
-            # Horovod: the tape's gradients come back averaged over ranks.
-            tape = backend.distributed_tape(tape, cfg)
-            grads = tape.gradient(loss, sources)
-            self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return stats
+            if reduce_in_tape:  # Horovod: the tape's gradients come back averaged over ranks
+                tape = backend.distributed_tape(tape, cfg)
+            return stats, tape.gradient(loss, sources)
 
-        @tf.function
-        def train_step(x, y):
-            return backend.run(replica_step, x, y)  # tf.distribute: strategy.run; Horovod: a call
-        self.train_step = train_step
+        if self.split:
+            @tf.function
+            def compute(x, y):
+                return backend.run(gradients, x, y, False)
+
+            @tf.function
+            def sync(grads):
+                return backend.reduce_gradients(grads, cfg)
+
+            @tf.function
+            def update(grads):
+                backend.apply_reduced(self.optimizer, grads, model.trainable_variables)
+            self.compute, self.sync, self.update = compute, sync, update
+        else:
+            def replica_step(x, y):
+                stats, grads = gradients(x, y, True)
+                # tf.distribute: the optimizer all-reduces the gradients
+                self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return stats
+
+            @tf.function
+            def train_step(x, y):
+                return backend.run(replica_step, x, y)  # tf.distribute: strategy.run; Horovod: a call
+            self.train_step = train_step
 
     def optimizer_variables(self) -> list:
         return list(self.optimizer.variables)
 
     def run_epoch(self, dataset, epoch: int, steps: int, start_step: int) -> None:
+        meter = self.trainer.meter
         for i, (x, y) in enumerate(dataset):
             if i == steps:
                 break
             self.trainer.before_step()
-            self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.position.global_step)
-            if self.trainer.step_done(self.train_step(x, y).numpy()):
+            meter.phase("data")
+            stats = self._split_step(x, y) if self.split else self._step(x, y)
+            if self.trainer.step_done(stats.numpy()):
                 break
+
+    def _set_lr(self) -> None:
+        self.optimizer.learning_rate = self.cfg.lr * self.factor(self.trainer.position.global_step)
+
+    def _step(self, x, y):
+        self._set_lr()
+        return self.train_step(x, y)
+
+    def _split_step(self, x, y):
+        meter = self.trainer.meter
+        stats, grads = self.compute(x, y)
+        meter.phase("compute")
+        if self.backend.world_size > 1:  # (one rank: nothing to reduce, and a call costs ~0.5 ms)
+            grads = self.sync(grads)
+        meter.phase("sync")
+        self._set_lr()
+        self.update(grads)
+        meter.phase("optimizer")
+        return stats
 
 
 class FitLoop:
     """Keras 2 (tf_keras) `model.fit` with horovod.tensorflow.keras, one fit call per epoch."""
+
+    split = False  # Keras runs fit's step: not split into phases (no breakdown)
 
     def __init__(self, cfg, keras, model, backend, trainer):
         self.cfg, self.model, self.trainer = cfg, model, trainer

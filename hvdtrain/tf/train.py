@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
+from hvdtrain.phases import PhaseClock
 from hvdtrain.tf.data import build_data
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.models import build_model
@@ -94,10 +95,12 @@ class Trainer(EpochTrainer):
         self.backend.broadcast_variables(self.model.weights + self.loop.optimizer_variables())
 
     def _phase_clock(self):
-        # Not split into phases yet (hvdtrain/phases.py): in-graph timestamps around the tape's
-        # allreduce changed which kernels grappler fused, so Horovod-TF and MWMS no longer gave
-        # the same losses step for step (the comparison's parity check). Torch's trainers are split.
-        return None
+        # The custom loop's step split into compute, sync and optimizer functions, timed by the
+        # host clock between their calls (hvdtrain/tf/loops.py): on a CPU only, where a call
+        # returns when its kernels have run. On a GPU it returns when they are queued, and host
+        # marks would need a device synchronisation: no breakdown there, nor under Keras fit,
+        # which runs the step itself.
+        return PhaseClock() if self.loop.split else None
 
     def _loop_description(self) -> str:
         return f"; --loop {self.cfg.loop} on {self.keras.__name__} {self.keras.__version__}"
