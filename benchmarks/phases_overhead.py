@@ -3,9 +3,10 @@
     python benchmarks/phases_overhead.py --repeats 3 --out runs/phases-overhead
 
 Runs, side by side in one invocation and alternated within each repeat, 2 ranks under
-`mpirun --bind-to none`, one thread per rank, each with HVDTRAIN_PHASES=1 (the default) and
-HVDTRAIN_PHASES=0 (torch: no marks, no autograd callback; TF: the step in one tf.function instead
-of three, so the gradient allreduce overlaps backward again):
+`mpirun --bind-to none`, one thread per rank, each with the breakdown on (torch: the default;
+TF: HVDTRAIN_TF_PHASES=1, the step split into three tf.functions) and off (HVDTRAIN_PHASES=0:
+torch: no marks, no autograd callback; TF: the step in one tf.function, the default, whose
+gradient allreduce overlaps backward):
 
   torch-digits-on/off   hvdtrain.torch, Horovod, mnist_cnn on the digits (steps of a few ms: the
                         marks' fixed cost weighs most here)
@@ -47,7 +48,8 @@ def configs(a):
     for workload, argv in workloads.items():
         for state, value in (("on", "1"), ("off", "0")):
             name = f"{workload}-{state}"
-            table[name] = (mpirun(2, {"HVDTRAIN_PHASES": value}) + [PY, "-m", *argv, *common,
+            env = {"HVDTRAIN_PHASES": value, "HVDTRAIN_TF_PHASES": value}
+            table[name] = (mpirun(2, env) + [PY, "-m", *argv, *common,
                            "--result-json", os.path.join(a.out, f"{name}.json")], name)
     return table
 

@@ -16,7 +16,8 @@ The trainer marks the end of each phase (`clock.mark("compute")`): a phase's tim
 previous mark to its own, so the phases of a step add up to the step. Host marks use the monotonic
 clock; on a GPU the torch trainer records CUDA events instead and reads them at the end of each
 epoch (hvdtrain/torch/phases.py), adding no synchronisation. The TF custom loop runs its step as
-three tf.functions (compute, sync, optimizer) with host marks between their calls, on a CPU only:
+three tf.functions (compute, sync, optimizer) with host marks between their calls when asked
+(HVDTRAIN_TF_PHASES=1: the split costs small models throughput), on a CPU only:
 on a GPU a call returns once its kernels are queued, and TF has no device-side timer the host
 could read later without synchronising (as torch's CUDA events), so the TF step is not split
 there; nor under Keras fit, which runs the step itself (hvdtrain/tf/loops.py).
@@ -41,9 +42,18 @@ def injected_delay(rank: int, environ=None) -> float:
 
 
 def phases_enabled(environ=None) -> bool:
-    """HVDTRAIN_PHASES=0 turns the marks off, and runs the TF custom loop's step in one function
-    (benchmarks/phases_overhead.py measures their cost)."""
+    """HVDTRAIN_PHASES=0 turns the marks off (benchmarks/phases_overhead.py measures their cost)."""
     return (environ if environ is not None else os.environ).get("HVDTRAIN_PHASES", "1") != "0"
+
+
+def tf_split_requested(environ=None) -> bool:
+    """HVDTRAIN_TF_PHASES=1 splits the TF custom loop's step into three functions so that its
+    phases can be timed. Asked for, not the default: the split step gives up the allreduce's
+    overlap with backward and pays two more function calls, about a quarter of a digits CNN's
+    8 ms step (nothing measurable on ResNet-18), which would change the throughput a user measures
+    and compares (hvdtrain.compare)."""
+    environ = environ if environ is not None else os.environ
+    return environ.get("HVDTRAIN_TF_PHASES", "0") == "1" and phases_enabled(environ)
 
 
 class PhaseClock:

@@ -17,6 +17,10 @@ import tempfile
 from dataclasses import dataclass
 
 import pytest
+# Before any test loads TensorFlow into this process: torch._dynamo loads triton, whose library
+# crashes the process (SIGSEGV) when loaded after TensorFlow's (torch 2.14, TF 2.21). Tests that
+# build torch models or optimizers in-process after a TF test need it loaded already.
+import torch._dynamo  # noqa: F401
 
 from hvdtrain.cluster import free_port  # noqa: F401 - the tests' one free_port, re-exported
 from hvdtrain.launch import launch_command, root_variables

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from hvdtrain.phases import PHASES, PhaseClock, injected_delay, phases_summary, slowest_rank_line
+from hvdtrain.phases import (PHASES, PhaseClock, injected_delay, phases_enabled, phases_summary, slowest_rank_line,
+                             tf_split_requested)
 
 
 def ranks_with(own_compute: list[float], sync: list[float]) -> list[dict]:
@@ -55,3 +56,10 @@ def test_summary_adds_the_phases():
 def test_injected_delay_only_on_the_named_rank():
     env = {"HVDTRAIN_TEST_SLOW_RANK": "1:0.25"}
     assert injected_delay(1, env) == 0.25 and injected_delay(0, env) == 0.0 and injected_delay(1, {}) == 0.0
+
+
+def test_the_tf_split_is_asked_for_and_phases_0_turns_everything_off():
+    assert phases_enabled({}) and not tf_split_requested({})  # torch marks on, TF step in one function
+    assert tf_split_requested({"HVDTRAIN_TF_PHASES": "1"})
+    assert not tf_split_requested({"HVDTRAIN_TF_PHASES": "1", "HVDTRAIN_PHASES": "0"})
+    assert not phases_enabled({"HVDTRAIN_PHASES": "0"})

@@ -2,7 +2,8 @@
 step time on every rank, and a rank made slow on purpose (HVDTRAIN_TEST_SLOW_RANK: 40 ms more
 compute per step on rank 1) is named by rank 0, with the other rank's wait in sync: torch
 (Horovod, DDP) and the TF custom loop (Horovod, MWMS), whose step is split into compute, sync and
-optimizer functions on a CPU. TF's Keras fit loop runs the step itself: its result has no phases.
+optimizer functions on a CPU when HVDTRAIN_TF_PHASES=1 asks for it. Without it, and under Keras
+fit (which runs the step itself), a TF result has no phases.
 
     python -m pytest -q tests/test_phases_ranks.py
 """
@@ -30,7 +31,7 @@ CASES = {
 def test_breakdown_adds_up_and_names_the_slowed_rank(tmp_path, case):
     module, *backend = CASES[case]
     out = tmp_path / "result.json"
-    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": f"1:{SLOW_MS / 1000}"}
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": f"1:{SLOW_MS / 1000}", "HVDTRAIN_TF_PHASES": "1"}
     run = launch("mpirun", 2, [PYTHON, "-m", module, *backend, "--model", "mnist_cnn", "--dataset", "digits",
                                "--epochs", "1", "--threads-per-rank", "1", "--result-json", str(out)],
                  timeout=240, env=env)
@@ -53,10 +54,12 @@ def test_breakdown_adds_up_and_names_the_slowed_rank(tmp_path, case):
     assert float(found.group(3)) > 0.6 * SLOW_MS, verdict
 
 
-def test_tf_fit_says_it_has_no_breakdown(tmp_path):
-    out = tmp_path / "fit.json"
-    run = launch("mpirun", 1, [PYTHON, "-m", "hvdtrain.tf", "--loop", "fit", "--model", "mnist_cnn", "--dataset",
+@pytest.mark.parametrize("loop, split", [("custom", "0"), ("fit", "1")])
+def test_tf_without_the_split_says_it_has_no_breakdown(tmp_path, loop, split):
+    """The custom loop's step stays in one function unless HVDTRAIN_TF_PHASES=1; fit's always."""
+    out = tmp_path / "tf.json"
+    run = launch("mpirun", 1, [PYTHON, "-m", "hvdtrain.tf", "--loop", loop, "--model", "mnist_cnn", "--dataset",
                                "digits", "--steps", "4", "--threads-per-rank", "1", "--result-json", str(out)],
-                 timeout=240)
+                 timeout=240, env={**base_env(), "HVDTRAIN_TF_PHASES": split})
     assert [r["phases_ms"] for r in json.load(open(out))["ranks"]] == [None]
     assert "step time:" not in run.output

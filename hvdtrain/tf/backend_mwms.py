@@ -46,7 +46,7 @@ def _summed_already(optimizer):
     if not callable(getattr(type(optimizer), "_all_reduce_sum_gradients", None)):
         raise RuntimeError(f"{type(optimizer).__module__}.{type(optimizer).__name__} has no "
                            "_all_reduce_sum_gradients: this Keras cannot run the TF step split into phases "
-                           "under MWMS (HVDTRAIN_PHASES=0 runs it in one function)")
+                           "under MWMS (without HVDTRAIN_TF_PHASES=1 it runs in one function)")
     optimizer._all_reduce_sum_gradients = list
     try:
         yield

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.errors import UsageError
-from hvdtrain.phases import phases_enabled
+from hvdtrain.phases import tf_split_requested
 from hvdtrain.schedule import lr_factor
 from hvdtrain.tf.devices import tf_variable
 
@@ -43,13 +43,13 @@ class CustomLoop:
     (hvdtrain/phases.py): compute (forward, local gradients), sync (their reduction over ranks),
     optimizer (the update).
 
-    The split runs where the phases are measured: on a CPU, with HVDTRAIN_PHASES unset or 1. A
-    function's call returns there when its kernels have run, so the host clock between calls
-    times each phase; on a GPU it returns once they are queued, and timing them would take a
-    device synchronisation: GPUs run the step in one function, not split. The split reduces the
-    gradients after the last one is computed, not each as it comes during backward (no overlap
-    of the allreduce with backward), in three calls instead of one: nothing measurable on
-    ResNet-18, about a quarter of the digits CNN's 8 ms step (benchmarks/phases_overhead.py).
+    The split runs when asked for (HVDTRAIN_TF_PHASES=1), on a CPU: a function's call returns
+    there when its kernels have run, so the host clock between calls times each phase; on a GPU
+    it returns once they are queued, and timing them would take a device synchronisation: GPUs
+    run the step in one function, not split. The split reduces the gradients after the last one
+    is computed, not each as it comes during backward (no overlap of the allreduce with
+    backward), in three calls instead of one: nothing measurable on ResNet-18, about a quarter of
+    the digits CNN's 8 ms step (benchmarks/phases_overhead.py); hence not the default.
     Both ways reduce and apply the gradients with the same operations: the same losses bit for
     bit, and Horovod-TF and MWMS still agree step for step (hvdtrain.compare's parity)."""
 
@@ -69,7 +69,7 @@ class CustomLoop:
         # Horovod's tape keys gradients by Variable.ref(), which Keras 3 variables lack: ask for
         # the gradients of the tf.Variables behind them.
         sources = [tf_variable(v) for v in model.trainable_variables]
-        self.split = phases_enabled() and backend.device == "cpu"
+        self.split = tf_split_requested() and backend.device == "cpu"
 
         def gradients(x, y, reduce_in_tape):
             with tf.GradientTape() as tape:

@@ -96,10 +96,11 @@ class Trainer(EpochTrainer):
 
     def _phase_clock(self):
         # The custom loop's step split into compute, sync and optimizer functions, timed by the
-        # host clock between their calls (hvdtrain/tf/loops.py): on a CPU only, where a call
-        # returns when its kernels have run. On a GPU it returns when they are queued, and host
-        # marks would need a device synchronisation: no breakdown there, nor under Keras fit,
-        # which runs the step itself.
+        # host clock between their calls (hvdtrain/tf/loops.py): when asked for
+        # (HVDTRAIN_TF_PHASES=1: the split costs throughput on small steps), on a CPU only, where a
+        # call returns when its kernels have run. On a GPU it returns when they are queued, and
+        # host marks would need a device synchronisation: no breakdown there, nor under Keras
+        # fit, which runs the step itself.
         return PhaseClock() if self.loop.split else None
 
     def _loop_description(self) -> str:

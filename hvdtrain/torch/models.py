@@ -4,6 +4,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
+# Imported here, not lazily: torchvision's import loads torch._dynamo and with it triton, whose
+# library crashes the process (SIGSEGV) when it is loaded after TensorFlow's (torch 2.14, TF 2.21:
+# `python -c "import tensorflow; import torch._dynamo"`). Loaded first, both work; and a torch
+# optimizer loads torch._dynamo anyway.
+import torchvision
 
 from hvdtrain.errors import UsageError
 
@@ -29,13 +34,9 @@ class MnistCNN(nn.Module):
         return self.fc2(x)
 
 
-def _resnet(name: str):
+def _resnet(builder):
     def build(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
-        # Imported here: torchvision's import pulls in torch._dynamo (1.3 s a process here), which
-        # the small models never need.
-        import torchvision
-
-        model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)  # random init: no downloads
+        model = builder(weights=None, num_classes=num_classes)  # random init: no downloads
         if in_channels != 3:
             model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
         return model
@@ -43,8 +44,8 @@ def _resnet(name: str):
 
 
 MODELS = {
-    "resnet50": _resnet("resnet50"),
-    "resnet18": _resnet("resnet18"),
+    "resnet50": _resnet(torchvision.models.resnet50),
+    "resnet18": _resnet(torchvision.models.resnet18),
     "mnist_cnn": lambda in_channels, num_classes, image_size: MnistCNN(in_channels, num_classes, image_size),
 }
 CHANNELS_LAST_MODELS = ("resnet50", "resnet18")
