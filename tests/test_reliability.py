@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
 TORCH = [PYTHON, "-m", "hvdtrain.torch"]
 TF = [PYTHON, "-m", "hvdtrain.tf"]
-DIGITS = ["--model", "mnist_cnn", "--dataset", "digits", "--threads-per-rank", "1"]
+DIGITS = DIGITS_CHECKPOINT_ARGV  # mnist_cnn on the digits, one thread per rank: as the shared checkpoint was trained
 WATCHDOG = 15  # seconds: the limit these tests set
 
 
@@ -166,7 +166,7 @@ def test_damaged_newest_checkpoint_gives_way_to_the_one_before(tmp_path, digits_
     """A truncated newest checkpoint (a crash, a full disk, a bad copy) must not stop a requeued
     job for good: the resume names it, moves it aside and resumes from the one before."""
     ckpt_dir = copy_checkpoints(digits_checkpoints, str(tmp_path / "ckpt"))  # epochs 1 and 2
-    argv = TORCH + DIGITS_CHECKPOINT_ARGV + ["--checkpoint-dir", ckpt_dir]
+    argv = TORCH + DIGITS + ["--checkpoint-dir", ckpt_dir]
     first, newest = list_checkpoints(ckpt_dir)
     with open(newest, "r+b") as f:
         f.truncate(os.path.getsize(newest) // 2)
