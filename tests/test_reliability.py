@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 TORCH = [PYTHON, "-m", "hvdtrain.torch"]
 TF = [PYTHON, "-m", "hvdtrain.tf"]
 DIGITS = DIGITS_CHECKPOINT_ARGV  # mnist_cnn on the digits, one thread per rank: as the shared checkpoint was trained
-WATCHDOG = 15  # seconds: the limit these tests set
+WATCHDOG = 10  # seconds: the limit these tests set (from the first step on; before it, 300 s)
 
 
 def wait_for(what: str, ready, timeout: float, proc) -> None:
@@ -68,7 +68,7 @@ def test_watchdog_ends_the_job_when_a_rank_is_frozen(tmp_path, trainer):
     assert run.returncode != 0
     prog = f"hvdtrain.{trainer}"
     assert f"{prog}: error [rank 0/2]: no progress for" in run.output, run.output[-4000:]
-    assert "limit 15 s: --watchdog-seconds" in run.output and "Traceback" not in run.output, run.output[-4000:]
+    assert f"limit {WATCHDOG} s: --watchdog-seconds" in run.output and "Traceback" not in run.output, run.output[-4000:]
     assert took < WATCHDOG + 60, f"the job took {took:.0f} s to end"
     # The newest checkpoint is still the last good one (no partial write at the stop).
     assert latest_checkpoint(str(ckpt_dir)) >= newest and not glob.glob(str(ckpt_dir / ".tmp-*"))
@@ -98,24 +98,27 @@ def test_watchdog_ends_the_job_when_a_rank_blocks_reading_data(tmp_path):
     print(f"a rank blocked in open(): the job ended after {took:.0f} s in all")
 
 
-@pytest.mark.parametrize("backend, workers", [("horovod", 2), ("horovod", 0), ("ddp", 2), ("lightning", 2),
-                                             ("accelerate", 2)])
-def test_many_epoch_boundaries_never_stall_and_leave_no_process(tmp_path, backend, workers):
+# Horovod's rank (the main path, and the one whose background thread made forks risky) runs 50
+# boundaries; the other backends build their loaders through the same function (data.py), so 20
+# each show that their wrapping keeps the forkserver (Lightning stalled at epoch 13 before it).
+@pytest.mark.parametrize("backend, workers, epochs", [("horovod", 2, 50), ("horovod", 0, 50), ("ddp", 2, 20),
+                                                     ("lightning", 2, 20), ("accelerate", 2, 20)])
+def test_many_epoch_boundaries_never_stall_and_leave_no_process(tmp_path, backend, workers, epochs):
     """DataLoader workers start anew at every epoch and validation pass, while the rank runs its
     threads (Horovod's, Gloo's, the watchdog's, the progress bar's): a fork from such a rank could
     hang in os.fork (Lightning stalled at epoch 13 and 17 that way; workers now start from a fork
-    server). 50 one-step epochs in a row at np 2 end with every epoch recorded and within the
+    server). Many one-step epochs in a row at np 2 end with every epoch recorded and within the
     watchdog's 60 s at every step, and nothing of the job is left once it has ended."""
     from hvdtrain.datasets import write_digits_imagefolder
 
     root = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=2, per_class_val=1, size=8)
     result = tmp_path / "result.json"
     argv = TORCH + ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", root, "--image-size", "8",
-                    "--batch-size", "8", "--threads-per-rank", "1", "--epochs", "50", "--backend", backend,
+                    "--batch-size", "8", "--threads-per-rank", "1", "--epochs", str(epochs), "--backend", backend,
                     "--num-workers", str(workers), "--watchdog-seconds", "60", "--result-json", str(result)]
     launch("mpirun", 2, argv, timeout=400, env=marked_env(str(tmp_path)))
     history = json.loads(result.read_text())["history"]
-    assert [r["epoch"] for r in history] == list(range(1, 51)) and all(r["val_count"] == 10 for r in history)
+    assert [r["epoch"] for r in history] == list(range(1, epochs + 1)) and all(r["val_count"] == 10 for r in history)
     assert not processes_left(str(tmp_path)), processes_left(str(tmp_path), grace=0)
 
 

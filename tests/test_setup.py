@@ -239,10 +239,13 @@ def test_pypi_gpu_build_without_mpi_or_cuda_toolkit(cluster_user, cluster_root):
 
 
 def _stack(user, root, module, venv) -> str:
-    code = ("import torch, torchvision, tensorflow as tf, horovod; "
-            "print(torch.__file__, torch.__version__, torchvision.__file__, tf.__file__, tf.__version__, "
-            "horovod.__file__, horovod.__version__)")
-    return as_user(user, root, module, f"{venv}/bin/python -c '{code}'" if venv else f"{MODULE_PYTHON} -c '{code}'",
+    """Where each framework would be imported from, and its version: found as `import` finds it,
+    without importing (torch and TensorFlow cost seconds each; set-up's check-build and the
+    training below import them for real)."""
+    code = ("import importlib.util as u, importlib.metadata as m; "
+            "print(*[f'{n} {u.find_spec(n).origin} {m.version(d)}' for n, d in (('torch', 'torch'), "
+            "('torchvision', 'torchvision'), ('tensorflow', 'tensorflow'), ('horovod', 'horovod'))])")
+    return as_user(user, root, module, f"{venv}/bin/python -c \"{code}\"" if venv else f"{MODULE_PYTHON} -c \"{code}\"",
                    timeout=120).stdout.strip()
 
 

@@ -150,7 +150,7 @@ def imagefolder_job(slurm_cluster, tmp_path_factory):
     script = str(d / "job.sbatch")
     assert generator("--cpu-only", "--nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "15",
                      "--signal-lead", "120", "-o", script, "--", "--model", "mnist_cnn", "--dataset", "imagefolder",
-                     "--data-dir", str(d / "data"), "--image-size", "32", "--epochs", "12", "--batch-size", "8",
+                     "--data-dir", str(d / "data"), "--image-size", "32", "--epochs", "6", "--batch-size", "8",
                      "--num-workers", "2", "--log-interval", "4").returncode == 0
     cwd = str(d / "reference")
     os.makedirs(cwd)

@@ -5,7 +5,7 @@ a random moment, sent as Slurm sends it: to every process of the job, workers in
 trial must end with "stopped by SIGTERM at step S; checkpoint written", that checkpoint on disk,
 no traceback, and no process of the job left behind.
 
-HVDTRAIN_STOP_TRIALS (default 5: 10 trials over the two launchers) sets the trials per launcher;
+HVDTRAIN_STOP_TRIALS (default 3: 6 trials over the two launchers) sets the trials per launcher;
 HVDTRAIN_STOP_TRIALS=50 for a longer hunt after a change to signals, workers or checkpoints.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hvdtrain.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
-TRIALS = int(os.environ.get("HVDTRAIN_STOP_TRIALS", "5"))
+TRIALS = int(os.environ.get("HVDTRAIN_STOP_TRIALS", "3"))
 
 
 @pytest.fixture(scope="module")

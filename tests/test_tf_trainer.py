@@ -194,6 +194,16 @@ def test_fit_without_keras2_says_why(tmp_path, case):
     assert "AttributeError" not in run.output and "Traceback" not in run.output
 
 
+def test_keras_is_imported_without_scikit_learn_which_stays_importable():
+    """Keras 3 would import scikit-learn for wrappers the trainer never uses (0.7 s per rank):
+    keras_compat hides it during Keras' import only; the process can import it afterwards."""
+    code = ("import sys; from hvdtrain.tf import keras_compat; keras = keras_compat.select('custom'); "
+            "import tensorflow; print('AFTER', 'sklearn' in sys.modules, 'keras' in sys.modules); "
+            "import sklearn.datasets; print('THEN', sklearn.datasets.load_digits().target.shape)")
+    run = launch("single", 1, [PYTHON, "-c", code], timeout=120)
+    assert "AFTER False True" in run.output and "THEN (1797,)" in run.output, run.output[-3000:]
+
+
 def test_resnet18_on_synthetic_images_two_ranks(tmp_path):
     """The comparison's resnet18-synthetic workload under hvdtrain.tf, small: Keras 3's ResNet-18,
     generated images, the custom loop averaging the tape's gradients with Horovod, one thread per rank."""

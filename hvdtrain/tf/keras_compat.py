@@ -15,6 +15,7 @@ current Keras 3.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -45,7 +46,8 @@ def select(loop: str) -> ModuleType:
         if legacy_keras_requested():
             # The user chose Keras 2 for the process; the custom loop works on it too.
             return _import_tf_keras(f"{_LEGACY_ENV}=1 asks for Keras 2")
-        import keras
+        with _scikit_learn_hidden():
+            import keras
 
         return keras
     # TensorFlow reads this at import (it preloads one Keras' optimizers) and again when
@@ -56,6 +58,23 @@ def select(loop: str) -> ModuleType:
         raise UsageError(f"{_WHY_FIT}, but tf.keras was already bound to Keras 3 in this process; "
                          f"set {_LEGACY_ENV}=1 in the environment before Python starts")
     return tf_keras
+
+
+@contextlib.contextmanager
+def _scikit_learn_hidden():
+    """Keras 3 imports scikit-learn, when installed, for its scikit-learn wrappers (about 0.7 s
+    per rank at every start here; hvdtrain has it installed for the digits' data file). The
+    trainer never uses those wrappers: while Keras is imported, `import sklearn` fails, so Keras
+    takes its "not installed" branch; afterwards the process imports scikit-learn normally."""
+    if "sklearn" in sys.modules:  # already imported: nothing to save
+        yield
+        return
+    sys.modules["sklearn"] = None  # an ImportError for `import sklearn` (the import system's rule)
+    try:
+        yield
+    finally:
+        if sys.modules.get("sklearn", 0) is None:
+            del sys.modules["sklearn"]
 
 
 def _import_tf_keras(why: str) -> ModuleType:

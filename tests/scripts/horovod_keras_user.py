@@ -85,7 +85,7 @@ def tape_case(partial):
         return loss
 
     shared = [v for v in model.variables if not partial or all(v is not w for w in local.weights)]
-    for i, (images, labels) in enumerate(batches(300)):
+    for i, (images, labels) in enumerate(batches(150)):
         step(images, labels)
         if i == 0:  # after the first step, once the optimizer has its variables
             hvd.broadcast_variables(shared, root_rank=0)  # Keras variables, as users pass them
@@ -108,7 +108,7 @@ def fit_case(momentum_correction, jit_compile=False):
                  hvd_keras.callbacks.MetricAverageCallback(),
                  hvd_keras.callbacks.LearningRateWarmupCallback(
                      initial_lr=0.05 * size, warmup_epochs=2, momentum_correction=momentum_correction)]
-    history = model.fit(x_mine, y_mine, batch_size=32, epochs=8, callbacks=callbacks, verbose=0)
+    history = model.fit(x_mine, y_mine, batch_size=32, epochs=4, callbacks=callbacks, verbose=0)
     lr = float(np.asarray(history.history["lr"][-1]))
     # MetricAverageCallback: every rank's logged loss is the mean over ranks, so they agree.
     loss_spread = spread([tf.constant([history.history["loss"][-1]], tf.float32)])
