@@ -25,7 +25,8 @@
 #   horovod  a site Horovod whose ops load is used as it is; otherwise Horovod 0.28.1 from its
 #            PyPI sdist, patched for current torch/TF, built against the MPI on PATH and cached
 #            by everything that makes the wheel differ, then installed in the venv
-#   check    `horovodrun --check-build`: the wanted frameworks and MPI and Gloo must be marked
+#   check    `horovodrun --check-build`'s table (scripts/stack.py check-build, each framework's
+#            ops loaded once): the wanted frameworks and MPI and Gloo must be marked
 # Idempotent: a second run only checks and finishes in well under a minute.
 set -euo pipefail
 
@@ -223,10 +224,10 @@ if [ "$HVD_FROM" = build ]; then
 fi
 
 # ---------------------------------------------------------------- check
-say "horovodrun --check-build:"
-hvdrun=$HVDTRAIN_VENV/bin/horovodrun
-[ -x "$hvdrun" ] || hvdrun=$(command -v horovodrun || echo horovodrun)   # a site module's
-check=$(cd /tmp && PATH=$HVDTRAIN_VENV/bin:$PATH "$hvdrun" --check-build 2>&1) || true
+# horovodrun --check-build's table, from the venv's Python (which sees a module's Horovod too);
+# stack.py asks the same questions with each framework loaded once: 6 s here instead of 21.
+say "Horovod's build (horovodrun --check-build's table):"
+check=$(cd /tmp && PATH=$HVDTRAIN_VENV/bin:$PATH "$PY" "$REPO/scripts/stack.py" check-build 2>&1) || true
 echo "$check" | sed 's/^/    /'
 for mark in "${CHECK_MARKS[@]}"; do
     if ! echo "$check" | grep -Eq "\[X\] $mark\b"; then

@@ -540,5 +540,5 @@ def describe(p: Plan) -> list[str]:
         lines += ["  horovod-build " + either(p.horovod_build, f"build {p.hvd_key} (5-15 minutes) with "
                                             + " ".join(p.build_env), f"cached wheel {p.wheel_dir}"),
                   "  horovod-inst. " + either(p.horovod_install, f"install {p.hvd_key}", f"{p.hvd_key} installed")]
-    lines.append(f"  check         horovodrun --check-build must mark [X] {' '.join(p.check_marks)}")
+    lines.append(f"  check         check-build (horovodrun --check-build's table) must mark [X] {' '.join(p.check_marks)}")
     return lines

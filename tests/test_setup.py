@@ -162,7 +162,7 @@ class BuildCache:
 def test_no_apt_and_no_cuda_toolkit_builds_horovod(cluster_user, cluster_root):
     """Non-root, no apt/dpkg on PATH, Open MPI on PATH, no CUDA toolkit anywhere, torch (a CUDA
     build) and TF from a module: set-up decides on CPU ops and says why, builds Horovod itself
-    and `horovodrun --check-build` marks TensorFlow, PyTorch, MPI and Gloo. The build is redone
+    and check-build's table marks TensorFlow, PyTorch, MPI and Gloo (not NCCL). The build is redone
     whenever set-up's inputs changed (BUILD_INPUTS), and always on a cold machine."""
     probe = as_user(cluster_user, cluster_root, "module-frameworks",
                     "id -u; command -v apt-get dpkg apt dpkg-query || echo no-apt; command -v nvcc || echo no-nvcc; "
@@ -295,3 +295,19 @@ def test_failing_step_stops_setup_and_leaves_no_stamp(tmp_path):
         assert "step 'venv' FAILED" in out and "step 'venv' failed: see" in out, (attempt, out[-3000:])
         assert "up to date" not in out, (attempt, out)
         assert not (tmp_path / "venv" / ".hvdtrain-deps").exists(), attempt
+
+
+def test_check_build_table_is_horovodruns():
+    """Set-up prints `horovodrun --check-build`'s table from scripts/stack.py (each framework
+    loaded once instead of once per question): the same table, line for line, as Horovod's."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    horovods = sh([os.path.join(sys.prefix, "bin", "horovodrun"), "--check-build"], timeout=300, env=env, cwd="/tmp")
+    ours = sh([sys.executable, os.path.join(REPO, "scripts", "stack.py"), "check-build"], timeout=300, env=env,
+              cwd="/tmp")
+    assert horovods.returncode == 0 and ours.returncode == 0, (horovods, ours)
+
+    def table(text: str) -> list[str]:
+        return [line.strip() for line in text[text.index("Horovod v"):].splitlines() if line.strip()]
+
+    assert table(ours.stdout) == table(horovods.stdout), (ours.stdout, horovods.stdout)
+    assert "[X] PyTorch" in ours.stdout and "[X] TensorFlow" in ours.stdout and "[X] MPI" in ours.stdout
