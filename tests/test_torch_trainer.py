@@ -92,10 +92,19 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
         assert diff <= 1e-6, f"{name} differs by {diff} after resume"
     assert not any(k.startswith("module.") for k in full["model"])
 
-    ddp, out = run_trainer(tmp_path, "ddp", "mpirun", 2,
-                           common + ["--checkpoint-dir", str(tmp_path / "moved"), "--backend", "ddp", "--steps", "63"])
+    moved_dir = ["--checkpoint-dir", str(tmp_path / "moved")]
+    # Loaded without a step, each backend holds exactly the weights the other one saved.
+    loaded, _ = run_trainer(tmp_path, "ddp-load", "mpirun", 2, common + moved_dir + ["--backend", "ddp", "--steps", "42"])
+    assert loaded["backend"] == "ddp" and loaded["global_step"] == 42
+    assert {r["param_checksum"] for r in loaded["ranks"]} == {first["ranks"][0]["param_checksum"]}, \
+        "DDP did not start from the Horovod run's weights"
+    ddp, out = run_trainer(tmp_path, "ddp", "mpirun", 2, common + moved_dir + ["--backend", "ddp", "--steps", "63"])
     assert "ckpt-e0002-s00000042.pt" in out.output and ddp["global_step"] == 63, out.output[-2000:]
-    back, out = run_trainer(tmp_path, "back", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "moved")])
+    reloaded, _ = run_trainer(tmp_path, "hvd-load", "mpirun", 2, common + moved_dir + ["--steps", "63"])
+    assert reloaded["backend"] == "horovod" and reloaded["global_step"] == 63
+    assert {r["param_checksum"] for r in reloaded["ranks"]} == {ddp["ranks"][0]["param_checksum"]}, \
+        "Horovod did not start from the DDP run's weights"
+    back, out = run_trainer(tmp_path, "back", "mpirun", 2, common + moved_dir)
     assert "ckpt-e0003-s00000063.pt" in out.output and back["global_step"] == 84, out.output[-2000:]
     moved = _final_weights(tmp_path / "moved")
     for name, tensor in full["model"].items():
