@@ -89,15 +89,60 @@ class ClusterEnv:
         return cls("single", 0, 0, 1, 1, 1, [socket.gethostname()], job_id)
 
 
-def gpu_for_rank(local_rank: int, local_world_size: int, gpus: int) -> int:
-    """The GPU index of this rank (ranks of a node take GPUs 0..local_size-1); more ranks on the
-    node than GPUs is refused: they would share GPUs, which NCCL refuses ("Duplicate GPU") or
-    which halves each rank's speed unseen."""
+def gpu_for_rank(local_rank: int, local_world_size: int, gpus: int, environ=None) -> int | None:
+    """Which of the `gpus` GPUs this process sees its rank computes on (an index: cuda:N, TF's
+    N-th GPU), or None for the CPU (none visible). hvdtrain's one device decision: the torch
+    trainer (hvdtrain/torch/devices.py), the TF backends (hvdtrain/tf/devices.py), Lightning and
+    the doctor all take it from here, so the doctor shows what the trainer does.
+
+    Each task sees the node's GPUs (no binding): the ranks of a node take GPUs 0..local size-1.
+    The launcher bound each task its own GPU(s) (`bound_per_task`): every rank takes the first
+    one it sees, index 0. Otherwise more ranks on the node than visible GPUs is refused: they
+    would share GPUs, which NCCL refuses ("Duplicate GPU") or which halves each rank's speed unseen.
+    """
+    if gpus <= 0:
+        return None
+    e = os.environ if environ is None else environ
+    if bound_per_task(gpus, local_world_size, e):
+        return 0
     if local_world_size > gpus:
+        node = node_gpus(local_world_size, e)
+        shared = (f" (Slurm bound each task to {gpus} of this node's {node} GPUs, shared with other tasks: "
+                  "srun --gpus-per-task=1 or --gpu-bind=single:1 gives each task its own)"
+                  if node is not None and node >= local_world_size else "")
         raise UsageError(f"{local_world_size} ranks on this node but {gpus} visible GPU(s): hvdtrain runs one rank "
                          f"per GPU; start {gpus} task(s) per node (srun --ntasks-per-node={gpus}, mpirun -npernode "
-                         f"{gpus}) or make the node's other GPUs visible (CUDA_VISIBLE_DEVICES)")
+                         f"{gpus}) or make the node's other GPUs visible (CUDA_VISIBLE_DEVICES){shared}")
     return local_rank
+
+
+def node_gpus(local_world_size: int, environ=None) -> int | None:
+    """The GPUs the scheduler gave this node's tasks together, or None where it does not say.
+    SLURM_GPUS_ON_NODE (Slurm >= 21.08) counts the step's GPUs on the node and is the same in
+    every task, also when each task sees only its own; before 21.08, SLURM_GPUS_PER_TASK
+    ("[type:]N", comma-separated per type) times the node's tasks."""
+    e = os.environ if environ is None else environ
+    if e.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
+        return int(e["SLURM_GPUS_ON_NODE"])
+    per_task = [part.rsplit(":", 1)[-1].strip() for part in e.get("SLURM_GPUS_PER_TASK", "").split(",") if part]
+    if per_task and all(n.isdigit() for n in per_task):
+        return sum(map(int, per_task)) * local_world_size
+    return None
+
+
+def bound_per_task(gpus: int, local_world_size: int, environ=None) -> bool:
+    """Whether each task of the node sees only GPUs of its own: srun --gpus-per-task=N (which
+    implies --gpu-bind=per_task:N), --gpu-bind=single:1 or map_gpu, or a site's default binding
+    (a task prolog or wrapper that sets CUDA_VISIBLE_DEVICES per task). Slurm then narrows
+    CUDA_VISIBLE_DEVICES (and SLURM_STEP_GPUS) to the task's own GPUs, but SLURM_GPUS_ON_NODE
+    keeps the step's count on the node: a task that sees fewer GPUs than the node holds, where the
+    node holds enough for every task to have as many as this one (gpus x tasks <= node's), has
+    its own. Ranks really sharing GPUs fail the second test: 2 tasks and 1 GPU on the node
+    (SLURM_GPUS_ON_NODE=1), or --gpu-bind=single:2 (2 GPUs for 4 tasks, each seeing one), or
+    --gpu-bind=closest handing a socket's 2 GPUs to its 2 tasks. Where nothing says how many GPUs
+    the node holds (mpirun outside Slurm), nothing shows binding: sharing is assumed, and refused."""
+    node = node_gpus(local_world_size, environ)
+    return node is not None and gpus < node and gpus * local_world_size <= node
 
 
 def free_port() -> int:

@@ -93,7 +93,7 @@ class TrainConfig:
                               choices=("auto", "off"))
     cycle_time_ms: float | None = opt(None, help="HOROVOD_CYCLE_TIME in ms (default: Horovod's own, 1)",
                                       per_rank=False, resume=FREE, backends=("horovod",), above=0.0)
-    mpi_yield: str = opt("auto", help="Open MPI yields the core while waiting (auto: on CPU or < 4 cores per rank)",
+    mpi_yield: str = opt("auto", help="Open MPI yields the core while waiting (auto: on CPU ranks, never on GPU ranks)",
                          per_rank=False, resume=FREE, choices=("auto", "on", "off"))
     watchdog_seconds: float | None = opt(None, help="end the job when a rank completes no step for this long "
                                                     "(default: 20 x the slowest step seen, at least 300 s; 0: off); "

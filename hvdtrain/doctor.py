@@ -41,7 +41,8 @@ import sys
 import threading
 import time
 
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster import ClusterEnv, gpu_for_rank
+from hvdtrain.errors import UsageError
 from hvdtrain.horovod_ops import gpu_ops_problem
 from hvdtrain.runtime import threads_per_rank
 from hvdtrain import checkpoint, netsockets, tuning
@@ -130,17 +131,32 @@ def scheduler_gpus(environ=None) -> int | None:
     return None
 
 
-def gpu_problems(host: str, ranks_on_host: int, framework_gpus: int, sched_gpus: int | None) -> list[str]:
-    """What is wrong with the GPUs of one host for this many ranks (hvdtrain runs one rank per GPU)."""
+def gpu_problems(host: str, framework_gpus: int, sched_gpus: int | None, refusals=()) -> list[str]:
+    """What is wrong with the GPUs of one host: GPUs the framework does not see, and the ranks'
+    refusals of their device (`rank_gpu`: the trainer's decision, which refuses ranks sharing a
+    GPU), each said once for the host."""
     problems = []
     if sched_gpus and framework_gpus == 0:
         problems.append(f"{host}: the job was given {sched_gpus} GPU(s) but the framework sees none "
                         "(a CPU build of torch/TF, or no driver on this node)")
-    gpus = max(framework_gpus, sched_gpus or 0)
-    if gpus and ranks_on_host > gpus:
-        problems.append(f"{host}: {ranks_on_host} ranks but {gpus} GPU(s): ranks would share GPUs "
-                        "(hvdtrain runs one rank per GPU: --ntasks-per-node = --gres=gpu:N)")
+    problems += [f"{host}: {refusal}" for refusal in sorted(set(filter(None, refusals)))]
     return problems
+
+
+def rank_gpu(local_rank: int, local_size: int, visible: int, environ=None) -> tuple[int | None, str | None]:
+    """(the GPU index this rank trains on, None for the CPU; None, or why it would refuse to
+    train): hvdtrain.cluster.gpu_for_rank, which the trainers call, so that the doctor checks
+    the device the trainer will use (under per-task binding each task's own GPU 0, not
+    cuda:local_rank, which does not exist there) and names the refusal the trainer would make.
+    Where the framework sees no GPU but the scheduler gave some (reported apart, by
+    gpu_problems), the refusal is the one the trainer would make once it sees them."""
+    try:
+        gpu = gpu_for_rank(local_rank, local_size, visible, environ)
+        if visible == 0 and scheduler_gpus(environ):
+            gpu_for_rank(local_rank, local_size, scheduler_gpus(environ), environ)
+        return gpu, None
+    except UsageError as err:
+        return None, str(err)
 
 
 def srun_mpi_hint(mpi_library: str) -> str | None:
@@ -388,10 +404,10 @@ def time_mpi_allreduce(MPI, nbytes: int, iters: int) -> float:
 
 
 class TorchOps:
-    def __init__(self, hvd, use_gpu: bool):
+    def __init__(self, hvd, gpu: int | None):
         import torch
         self.torch, self.hvd = torch, hvd
-        self.device = torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
+        self.device = torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -432,9 +448,9 @@ class TorchOps:
 
 
 class TFOps:
-    def __init__(self, hvd):
+    def __init__(self, hvd, gpu: int | None):
         import tensorflow as tf
-        self.tf, self.hvd = tf, hvd
+        self.tf, self.hvd, self.gpu = tf, hvd, gpu
 
     def gpus(self) -> int:
         return len(self.tf.config.list_physical_devices("GPU"))
@@ -455,8 +471,7 @@ class TFOps:
 
     def health(self, threads: int, slowdown: int) -> dict:
         # The CPU kernel in numpy: these checks run where torch's Horovod ops are missing.
-        gpus = self.gpus()
-        return tf_gpu_health(self.tf, self.hvd.local_rank() % gpus, slowdown) if gpus else numpy_health(slowdown)
+        return tf_gpu_health(self.tf, self.gpu, slowdown) if self.gpu is not None else numpy_health(slowdown)
 
     def time_allreduce(self, nbytes: int, iters: int) -> float:
         t = self.tf.ones([max(1, nbytes // 4)], dtype=self.tf.float32)
@@ -478,6 +493,16 @@ def _mpi_library() -> str:
         return " ".join(MPI.Get_library_version().replace("\0", "").split("\n")[0].split())
     except Exception as err:  # noqa: BLE001
         return f"unknown ({type(err).__name__})"
+
+
+def _visible_gpus(fw: str) -> int:
+    """The GPUs this process sees through framework `fw`, counted as its trainer counts them
+    (hvdtrain/torch/devices.py, hvdtrain/tf/devices.py); its Horovod module is imported already."""
+    if fw == "torch":
+        from hvdtrain.torch.devices import visible_gpus
+        return visible_gpus()
+    import tensorflow as tf
+    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _fmt_bytes(n: int) -> str:
@@ -528,10 +553,12 @@ def run(args) -> int:
     fw = "torch" if "torch" in ops else "tf"
     hvd = ops[fw]
 
-    on_cpu_guess = scheduler_gpus() in (None, 0)
+    # The GPUs the framework sees, as the trainer counts them (not the scheduler's guess): the
+    # trainer's Horovod settings depend on whether its rank computes on a GPU.
+    visible = _visible_gpus(fw)
     cores = len(os.sched_getaffinity(0))
     threads = threads_per_rank(None, env.local_world_size)
-    settings = tuning.horovod_settings("auto", on_cpu_guess, threads)
+    settings = tuning.horovod_settings("auto", on_cpu=visible == 0)
     already = {k: os.environ[k] for k in settings if k in os.environ}
     applied = tuning.apply(settings)
     loopback = netsockets.loopback_settings(env)  # all ranks on this host: loopback only
@@ -543,17 +570,18 @@ def run(args) -> int:
     rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     label = lambda: f"rank {rank}/{size}"  # noqa: E731
     stage.label = label
+    # The device the trainer would take, by its own decision; where it would refuse (ranks
+    # sharing a GPU), the checks run on the CPU and the refusal is reported once per host.
+    gpu, device_refusal = rank_gpu(local_rank, local_size, visible)
     gpu_problem = None
     if fw == "torch":
-        import torch
-
-        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        gpu_problem = gpu_ops_problem(seen, hvd.cuda_built(), hvd.nccl_built(), versions["horovod"])
+        gpu_problem = gpu_ops_problem(visible, hvd.cuda_built(), hvd.nccl_built(), versions["horovod"])
         if gpu_problem:
             # Checks on host tensors, so that the rest of the report still comes (a CUDA tensor
             # handed to this Horovod would end the rank with a traceback).
             problems.append(gpu_problem)
-    backend = TorchOps(hvd, use_gpu=fw == "torch" and seen > 0 and not gpu_problem) if fw == "torch" else TFOps(hvd)
+            gpu = None
+    backend = TorchOps(hvd, gpu) if fw == "torch" else TFOps(hvd, gpu)
     controller = "MPI" if hvd.mpi_enabled() else "Gloo" if hvd.gloo_enabled() else "?"
     built = {"MPI": hvd.mpi_built(), "Gloo": hvd.gloo_built(), "NCCL": hvd.nccl_built(),
              "CUDA": hvd.cuda_built()}
@@ -596,7 +624,8 @@ def run(args) -> int:
     stage("gather the ranks' reports")
     mine = {"rank": rank, "size": size, "local_rank": local_rank, "local_size": local_size, "host": host,
             "launcher": env.launcher, "launcher_view": (env.rank, env.world_size, env.local_rank),
-            "gpus": gpus, "sched_gpus": sched, "cores": cores, "threads": threads, "reduce_ok": reduce_ok,
+            "gpus": gpus, "sched_gpus": sched, "device": "cpu" if gpu is None else f"GPU {gpu}",
+            "device_refusal": device_refusal, "cores": cores, "threads": threads, "reduce_ok": reduce_ok,
             "bcast_ok": bcast_ok, "bandwidth": bandwidth, "mpi_bandwidth": mpi_bandwidth,
             "mpi_skipped": mpi_skipped, "health": health, "problems": problems, "versions": versions,
             "listening": netsockets.listening(),
@@ -676,8 +705,9 @@ def _cross_checks(reports: list[dict], slow_fraction: float) -> list[str]:
         if local != list(range(len(rs))) or any(r["local_size"] != len(rs) for r in rs):
             problems.append(f"{host}: local ranks {local} and local sizes {sorted({r['local_size'] for r in rs})} "
                             f"do not match its {len(rs)} ranks")
-        problems += gpu_problems(host, len(rs), max(r["gpus"] for r in rs),
-                                 max((r["sched_gpus"] for r in rs if r["sched_gpus"] is not None), default=None))
+        problems += gpu_problems(host, max(r["gpus"] for r in rs),
+                                 max((r["sched_gpus"] for r in rs if r["sched_gpus"] is not None), default=None),
+                                 [r.get("device_refusal") for r in rs])
         busy = sum(r["threads"] for r in rs)
         cores = max(r["cores"] for r in rs)
         if busy > (os.cpu_count() or cores) and all(r["cores"] >= cores for r in rs):
@@ -713,7 +743,7 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
                     f"{'agree with Horovod on every rank' if agree else 'DISAGREE with Horovod (see below)'}")
     for r in sorted(reports, key=lambda r: r["rank"]):
         out("placement" if r["rank"] == 0 else "",
-            f"rank {r['rank']}: {r['host']} local {r['local_rank']}/{r['local_size']}, "
+            f"rank {r['rank']}: {r['host']} local {r['local_rank']}/{r['local_size']}, trains on {r['device']}, "
             f"{r['gpus']} GPU(s) seen (scheduler: {r['sched_gpus'] if r['sched_gpus'] is not None else '-'}), "
             f"{r['cores']} core(s) allowed, {r['threads']} compute thread(s)")
     for host in hosts:

@@ -43,17 +43,19 @@ def gpu_ops_problem(gpus_seen: int, cuda_built: bool, nccl_built: bool, horovod_
             "(python -m hvdtrain.doctor checks)")
 
 
-def check_launcher_agrees(horovod_size: int) -> None:
-    """The launcher started N ranks, but each Horovod sees a world of another size: ranks that
-    would train alone, each on its own, and exit 0 (torchrun, or srun without PMIx)."""
+def check_launcher_agrees(size: int, who: str = "Horovod", env=None) -> None:
+    """The launcher started N ranks, but `who` (Horovod, or MPI.COMM_WORLD before a rendezvous
+    over it) sees a world of another size: ranks that would train alone, each on its own, and
+    exit 0, or wait on a broadcast that never comes (torchrun, or srun without PMIx, where each
+    rank is an MPI singleton)."""
     from hvdtrain.cluster import ClusterEnv
 
-    env = ClusterEnv.from_environ()
-    if env.launcher != "single" and env.world_size != horovod_size:
+    env = ClusterEnv.from_environ() if env is None else env
+    if env.launcher != "single" and env.world_size != size:
         hint = (" (torchrun starts no MPI job: run --backend ddp under torchrun, Horovod under mpirun, srun "
                 "--mpi=pmix or horovodrun)" if env.launcher == "torchrun"
                 else " (under srun, use --mpi=pmix with an Open MPI built for it; python -m hvdtrain.doctor checks)")
-        raise UsageError(f"{env.launcher} started {env.world_size} ranks, but Horovod sees {horovod_size}: the ranks "
+        raise UsageError(f"{env.launcher} started {env.world_size} ranks, but {who} sees {size}: the ranks "
                          f"are not one job{hint}")
 
 
@@ -64,7 +66,9 @@ def start_horovod(hvd, cfg, on_cpu: bool, cores_per_rank: int) -> dict[str, str]
     from hvdtrain import tuning
     from hvdtrain.watchdog import horovod_stall_settings
 
-    settings = tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cores_per_rank, cfg.cycle_time_ms, cfg.mpi_yield)
+    # MPI yields only where the rank computes on the CPU (hvdtrain/tuning.py): not by cores_per_rank.
+    settings = tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cycle_time_ms=cfg.cycle_time_ms,
+                                       mpi_yield=cfg.mpi_yield)
     applied = tuning.apply({**settings, **horovod_stall_settings(cfg.watchdog_seconds)})
     hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
     check_launcher_agrees(hvd.size())

@@ -92,7 +92,7 @@ def test_more_ranks_than_gpus():
     run = launch("mpirun", 2, DOCTOR + ["--framework", "torch"], timeout=120, env=env, check=False)
     assert run.returncode == 1, run.output[-3000:]
     [line] = verdict(run.output)
-    assert "2 ranks but 1 GPU(s): ranks would share GPUs" in line, line
+    assert "2 ranks on this node but 1 visible GPU(s): hvdtrain runs one rank per GPU" in line, line  # the trainer's
     assert "the job was given 1 GPU(s) but the framework sees none" in line, line
 
 
@@ -303,11 +303,13 @@ def test_scheduler_gpus_from_the_environment():
 def test_gpu_problems():
     from hvdtrain.doctor import gpu_problems
 
-    assert gpu_problems("n1", 4, 4, 4) == []
-    assert gpu_problems("n1", 2, 0, None) == []          # a CPU run
-    [share] = gpu_problems("n1", 8, 4, 4)
-    assert share.startswith("n1: 8 ranks but 4 GPU(s)")
-    unseen = gpu_problems("n1", 1, 0, 1)
+    assert gpu_problems("n1", 4, 4) == []
+    assert gpu_problems("n1", 0, None) == []             # a CPU run
+    assert gpu_problems("n1", 1, 4, [None] * 4) == []    # per-task binding: each rank sees its own GPU
+    # Ranks sharing GPUs: the trainer's refusal (tests/test_devices.py), said once for the host.
+    [share] = gpu_problems("n1", 4, 4, ["8 ranks on this node but 4 visible GPU(s): ..."] * 8)
+    assert share.startswith("n1: 8 ranks on this node but 4 visible GPU(s)")
+    unseen = gpu_problems("n1", 0, 1)
     assert len(unseen) == 1 and "the framework sees none" in unseen[0]
 
 

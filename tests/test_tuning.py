@@ -15,8 +15,13 @@ def test_gpu_ranks_with_many_cores_keep_horovod_defaults():
     assert horovod_settings("auto", on_cpu=False, cores_per_rank=10) == {}
 
 
-def test_gpu_ranks_with_few_cores_are_tuned():
-    assert "OMPI_MCA_mpi_yield_when_idle" in horovod_settings("auto", on_cpu=False, cores_per_rank=2)
+def test_gpu_ranks_never_yield():
+    # A GPU rank that yields its core while waiting adds latency to every allreduce: not even
+    # with 1 or 2 cores per rank (auto chose yield below 4 cores until issue 30).
+    for cores in (1, 2, 3, 16):
+        assert horovod_settings("auto", on_cpu=False, cores_per_rank=cores) == {}
+    assert horovod_settings("auto", on_cpu=True, cores_per_rank=64) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert horovod_settings("auto", on_cpu=False, mpi_yield="on") == {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def test_off_and_explicit_values():

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.cluster import ClusterEnv, free_port
+from hvdtrain.horovod_ops import check_launcher_agrees
 from hvdtrain.tf.backend import TFBackend
 from hvdtrain.tf.devices import pin_gpu
 
@@ -31,10 +32,19 @@ def cluster_resolver(env: ClusterEnv):
         return None
     from mpi4py import MPI
 
+    # Under srun without PMIx each rank is an MPI singleton, which would gather its own address alone.
+    check_launcher_agrees(MPI.COMM_WORLD.Get_size(), "MPI", env)
     addresses = MPI.COMM_WORLD.allgather(f"{socket.gethostname()}:{free_port()}")
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
                                           "task": {"type": "worker", "index": env.rank}})
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def collective_implementation(on_gpu: bool) -> str:
+    """The CommunicationImplementation MWMS all-reduces with: NCCL on GPUs, where Horovod uses
+    NCCL too (AUTO would run TF's own ring all-reduce there: TF picks NCCL only when asked, so the
+    Horovod-TF vs MWMS comparison would be NCCL against a ring); AUTO on CPUs, TF's ring (as before)."""
+    return "NCCL" if on_gpu else "AUTO"
 
 
 @contextlib.contextmanager
@@ -62,7 +72,11 @@ class MWMSBackend(TFBackend):
         self.rank, self.local_rank = env.rank, env.local_rank
         self.world_size, self.local_world_size = env.world_size, env.local_world_size
         self.device = pin_gpu(self.local_rank, self.local_world_size)
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(env))
+        self.communication = collective_implementation(on_gpu=self.device != "cpu")
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=getattr(tf.distribute.experimental.CommunicationImplementation, self.communication))
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(env),
+                                                                  communication_options=options)
         # tf.distribute sums the replicas' gradients: each rank's loss is scaled by 1/world size.
         self.gradient_scale = 1.0 / self.strategy.num_replicas_in_sync
 
@@ -144,7 +158,7 @@ class MWMSBackend(TFBackend):
 
     def describe(self) -> dict:
         return {"backend": self.name, "num_replicas_in_sync": self.strategy.num_replicas_in_sync,
-                "tf_config": os.environ.get("TF_CONFIG")}
+                "communication": self.communication, "tf_config": os.environ.get("TF_CONFIG")}
 
     def shutdown(self):
         pass

@@ -14,12 +14,14 @@ def tf_variable(v) -> tf.Variable:
 
 
 def pin_gpu(local_rank: int, local_world_size: int) -> str:
-    """One GPU per rank (ranks of a node take GPUs 0..local_size-1); "cpu" where there is none.
-    Must run before TensorFlow initialises its devices."""
+    """One GPU per rank, the one hvdtrain.cluster.gpu_for_rank picks among those this process sees
+    (the torch trainer's decision: GPUs 0..local_size-1 of the node, or each task's own under
+    per-task binding); "cpu" where there is none. Must run before TensorFlow initialises its devices."""
     gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
+    index = gpu_for_rank(local_rank, local_world_size, len(gpus))
+    if index is None:
         return "cpu"
-    gpu = gpus[gpu_for_rank(local_rank, local_world_size, len(gpus))]
+    gpu = gpus[index]
     tf.config.set_visible_devices(gpu, "GPU")
     tf.config.experimental.set_memory_growth(gpu, True)  # do not take the whole GPU up front
     return gpu.name

@@ -19,7 +19,18 @@ import warnings
 import torch
 
 from hvdtrain.errors import UsageError
+from hvdtrain.torch.devices import node_devices
 from hvdtrain.torch.torch_distributed import TorchDistributedBackend, import_optional
+
+
+def visible_to_lightning(devices: list[torch.device]) -> dict:
+    """Trainer(accelerator=, devices=) for the node's ranks' `devices` (hvdtrain.torch.devices.
+    node_devices), which also go to its strategy as parallel_devices (entry local_rank is the
+    rank's). Lightning's devices=N would mean GPUs 0..N-1 of every task's view, which per-task
+    binding fails (each task sees one GPU: "You requested gpu: [0, 1, 2, 3] But your machine only
+    has: [0]", Lightning issue 16828): it is told how many GPUs the ranks use of those this
+    process sees, and each rank's device through parallel_devices."""
+    return {"accelerator": "gpu" if devices[0].type == "cuda" else "cpu", "devices": len(set(devices))}
 
 
 class LightningBackend(TorchDistributedBackend):
@@ -36,7 +47,8 @@ class LightningBackend(TorchDistributedBackend):
         warnings.filterwarnings("ignore", module="lightning")
         # Started before Lightning: hvdtrain's start-up checks need it; Lightning reuses it.
         env = self._start_process_group()
-        gpu = torch.cuda.is_available()
+        devices = node_devices(env.local_world_size)  # the trainer's decision (hvdtrain.cluster.gpu_for_rank)
+        gpu = devices[0].type == "cuda"
         hook = None
         if cfg.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -45,9 +57,9 @@ class LightningBackend(TorchDistributedBackend):
         try:
             # Lightning picks the cluster environment itself, as its users' scripts let it.
             self.trainer = self.pl.Trainer(
-                accelerator="gpu" if gpu else "cpu", devices=env.local_world_size,
-                num_nodes=max(1, env.world_size // env.local_world_size),
-                strategy=DDPStrategy(process_group_backend="nccl" if gpu else "gloo", ddp_comm_hook=hook),
+                **visible_to_lightning(devices), num_nodes=max(1, env.world_size // env.local_world_size),
+                strategy=DDPStrategy(parallel_devices=devices, process_group_backend="nccl" if gpu else "gloo",
+                                     ddp_comm_hook=hook),
                 max_epochs=cfg.epochs, max_steps=cfg.steps or -1,
                 use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
                 limit_val_batches=1.0 if cfg.validates else 0, num_sanity_val_steps=0,

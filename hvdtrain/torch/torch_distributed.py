@@ -12,6 +12,7 @@ import torch
 
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.errors import UsageError
+from hvdtrain.horovod_ops import check_launcher_agrees
 from hvdtrain.netsockets import single_host
 from hvdtrain.torch.backend import TorchBackend
 
@@ -39,6 +40,8 @@ def _store_for(env: ClusterEnv):
     if env.world_size > 1:
         from mpi4py import MPI
 
+        # Under srun without PMIx each rank is an MPI singleton: its bcast would return its own None.
+        check_launcher_agrees(MPI.COMM_WORLD.Get_size(), "MPI", env)
         address = MPI.COMM_WORLD.bcast(address, root=0)
     host, port = address
     # For libraries that read them (Lightning's and Accelerate's environments).

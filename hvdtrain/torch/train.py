@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain import cli
-from hvdtrain.cluster import gpu_for_rank
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
@@ -27,6 +26,7 @@ from hvdtrain.torch import data
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
 from hvdtrain.torch.phases import CudaPhaseClock
+from hvdtrain.torch.devices import rank_device
 
 PROG = "hvdtrain.torch"
 
@@ -62,12 +62,9 @@ class Trainer(EpochTrainer):
     # ------------------------------------------------------------------ the start (EpochTrainer.__init__)
     def _setup_device(self) -> str:
         b = self.backend
-        if torch.cuda.is_available():
-            gpu = gpu_for_rank(b.local_rank, b.local_world_size, torch.cuda.device_count())
-            self.device = torch.device("cuda", gpu)
+        self.device = rank_device(b.local_rank, b.local_world_size)  # hvdtrain/torch/devices.py
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
         if self.cfg.amp and self.device.type != "cuda":
             raise UsageError("--amp needs a CUDA GPU; this rank has none")
         return str(self.device)

@@ -1,0 +1,28 @@
+"""The torch device of a rank: hvdtrain.cluster.gpu_for_rank (the one device decision, which
+imports no torch and is unit-tested on the CPU) given the GPUs torch sees.
+
+    python -c "from hvdtrain.torch.devices import rank_device; print(rank_device(0, 1))"
+"""
+from __future__ import annotations
+
+import torch
+
+from hvdtrain.cluster import gpu_for_rank
+
+
+def visible_gpus() -> int:
+    """The GPUs this process sees (CUDA_VISIBLE_DEVICES, or the task's own under per-task binding)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def rank_device(local_rank: int, local_world_size: int) -> torch.device:
+    """cuda:N for this rank (N from gpu_for_rank), else the CPU; refuses ranks sharing a GPU."""
+    gpu = gpu_for_rank(local_rank, local_world_size, visible_gpus())
+    return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
+
+
+def node_devices(local_world_size: int) -> list[torch.device]:
+    """Every local rank's device, as this process sees them: what Lightning's parallel_devices
+    lists (its strategy takes entry `local_rank`). Under per-task binding all are cuda:0, each
+    task's own GPU; without binding cuda:0..local size-1."""
+    return [rank_device(r, local_world_size) for r in range(local_world_size)]
