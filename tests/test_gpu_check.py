@@ -1,0 +1,85 @@
+"""scripts/gpu-check.sh, run here in its CPU mode (--cpu) between GPU loans: the same stages,
+files and report as on the lent GPU machine, at tiny sizes, with the project venv's Horovod
+(no build). What a lent machine hands back is checked: at most 8 files of at most 16 MiB."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+from conftest import PYTHON, REPO, base_env
+
+pytestmark = pytest.mark.slow  # real training runs (Horovod, DDP): the distributed tier
+
+MiB = 1024 * 1024
+
+
+def tiny_wheel(folder) -> str:
+    """A pure-Python wheel, written by hand: FILES' wheels must install into the check's venv."""
+    path = os.path.join(folder, "gpucheckprobe-1.0-py3-none-any.whl")
+    info = "gpucheckprobe-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("gpucheckprobe.py", "VALUE = 1\n")
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: gpucheckprobe\nVersion: 1.0\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", f"gpucheckprobe.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+    return path
+
+
+@pytest.mark.timeout(400)
+def test_gpu_check_cpu_mode(tmp_path):
+    files, out, work = tmp_path / "files", tmp_path / "out", tmp_path / "work"
+    files.mkdir()
+    tiny_wheel(str(files))
+    # PYTHON is the project venv's python: a venv itself, as the lent GPU machine's python3 is.
+    env = {**base_env(), "GPU_CHECK_WORK": str(work), "PYTHON": PYTHON}
+    run = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh"), "--cpu", str(files), str(out)],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=380)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-6000:]
+
+    # What comes back from a lent machine: at most 8 files of at most 16 MiB; no checkpoint.
+    names = sorted(os.listdir(out))
+    assert names == ["gpu-check-logs.tar.gz", "gpu-check.json", "gpu-check.md"], names
+    assert all(os.path.getsize(out / n) <= 16 * MiB for n in names)
+    assert list((work / "ckpt").glob("*.pt")), "the checkpoints belong in the work dir"
+    with tarfile.open(out / "gpu-check-logs.tar.gz") as tar:
+        archived = tar.getnames()
+    for log in ("env", "check", "horovod", "plain", "ddp", "resume", "plain-2", "doctor"):
+        assert f"logs/{log}.log" in archived, archived
+    assert not [n for n in archived if n.endswith(".pt")], archived
+
+    # The venv made from a venv sees that venv's torch (not its base interpreter's packages),
+    # and FILES' wheels are installed into it.
+    figures = json.loads((out / "gpu-check.json").read_text())
+    torch_file = figures["environment"]["torch_file"]
+    assert torch_file.startswith(os.path.realpath(sys.prefix)) or torch_file.startswith(sys.prefix), torch_file
+    check = subprocess.run([str(work / "venv" / "bin" / "python"), "-c", "import gpucheckprobe, torch"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+    # Every stage ran and passed; the runs had the same settings; the resume went on.
+    assert [s["stage"] for s in figures["stages"]] == \
+        ["env", "check", "horovod", "plain", "ddp", "resume", "plain-2", "doctor"], figures["stages"]
+    assert figures["failed_stages"] == [], figures["stages"]
+    assert figures["settings_differ"] == [], figures["settings"]
+    resume = figures["resume"]
+    assert resume["ran"] and resume["to_step"] == resume["from_step"] + figures["check"]["steps_per_epoch"], resume
+
+    # The report: each run's img/s and ratio to the plain loop, as numbers.
+    report = (out / "gpu-check.md").read_text()
+    rows = {m[1]: (float(m[2]), float(m[3])) for m in
+            re.finditer(r"^\| (plain torch loop|hvdtrain, Horovod|hvdtrain, DDP) \| ([0-9.]+) \| ([0-9.]+) \|$",
+                        report, re.M)}
+    assert set(rows) == {"plain torch loop", "hvdtrain, Horovod", "hvdtrain, DDP"}, report
+    assert all(rate > 0 and ratio > 0 for rate, ratio in rows.values()), report
+    for name, key in (("hvdtrain, Horovod", "horovod"), ("hvdtrain, DDP", "ddp")):
+        assert figures["ratios"][key] == pytest.approx(figures["images_per_sec"][key] / figures["images_per_sec"]["plain"])
+        assert rows[name][1] == pytest.approx(figures["ratios"][key], abs=0.0006)
+    assert "Resume: ran" in report and "the same in every run" in report, report
