@@ -73,20 +73,28 @@ _TF_COMMON = (
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("torch", "horovod", "hvdtrain.torch.backend_horovod", "HorovodBackend", "horovod-torch",
-            "Horovod: DistributedOptimizer, broadcast from rank 0"),
+            "Horovod: DistributedOptimizer, broadcast from rank 0",
+            refusals=(
+                # Adasum's optimizer applies each update inside backward, before GradScaler can
+                # unscale the gradients (about 65536 x too large) or skip a step that overflowed.
+                Refusal(lambda cfg: cfg.use_adasum and cfg.amp == "fp16",
+                        "--amp fp16 with --use-adasum is not supported: Horovod's Adasum optimizer steps inside "
+                        "backward, on gradients still multiplied by the loss scale (use --amp bf16, which has no "
+                        "loss scale, or averaging)"),
+                # Adasum keeps a copy of each parameter and reduces the deltas in place: Horovod's
+                # ops take contiguous tensors only (hvdtrain/torch/horovod_layout.py).
+                Refusal(lambda cfg: cfg.use_adasum and cfg.channels_last == "on",
+                        "--channels-last on with --use-adasum is not supported (Horovod's Adasum optimizer reduces "
+                        "the parameters' own layout, which must be contiguous): use --channels-last off"))),
     Backend("torch", "ddp", "hvdtrain.torch.backend_ddp", "DDPBackend", "ddp",
             "torch DistributedDataParallel, for comparison",
             parity_with="horovod-torch"),
     Backend("torch", "accelerate", "hvdtrain.torch.backend_accelerate", "AccelerateBackend", "accelerate",
             "Hugging Face Accelerate (optional: hvdtrain[compare]), for comparison",
-            refusals=(Refusal(lambda cfg: cfg.amp, "--amp with --backend accelerate is not wired to Accelerate's "
-                                                   "mixed precision; use --backend ddp or horovod"),),
             parity_with="ddp"),
     Backend("torch", "lightning", "hvdtrain.torch.backend_lightning", "LightningBackend", "lightning",
             "PyTorch Lightning, Trainer(strategy='ddp') (optional: hvdtrain[compare]), for comparison",
-            refusals=(Refusal(lambda cfg: cfg.amp, "--amp with --backend lightning is not wired to Lightning's "
-                                                   "precision plugins; use --backend ddp or horovod"),
-                      # Lightning accumulates over whole batches, hvdtrain over slices of one batch:
+            refusals=(# Lightning accumulates over whole batches, hvdtrain over slices of one batch:
                       # not the same step, so no parity.
                       Refusal(lambda cfg: cfg.batches_per_allreduce != 1,
                               "--batches-per-allreduce > 1 with --backend lightning is not supported (Lightning "

@@ -20,6 +20,7 @@ from hvdtrain.options import FREE, MATCH, RESIZE, declared, opt
 DATASETS = ("synthetic", "imagefolder", "digits")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("cosine", "step", "constant")
+AMP_MODES = ("off", "fp16", "bf16")
 
 
 @declared
@@ -64,8 +65,14 @@ class TrainConfig:
                                      resume=RESIZE, at_least=1)
     use_adasum: bool = opt(False, help="Adasum reduction instead of averaging", per_rank=False, resume=FREE,
                            backends=("horovod",))
-    amp: bool = opt(False, help="mixed precision on GPU (autocast + GradScaler)", per_rank=False, resume=FREE,
-                    frameworks=("torch",))
+    # A choice, not a GPU switch: autocast runs on CPUs too (torch >= 2.4), so CI runs the GPU
+    # templates' options. fp16 needs the GradScaler; bf16 has float32's range and needs none.
+    amp: str = opt("off", help="mixed precision: fp16 (autocast + GradScaler; --amp alone) or bf16 (autocast, "
+                               "no scaler), on GPUs and CPUs", per_rank=False, resume=FREE, frameworks=("torch",),
+                   choices=AMP_MODES, const="fp16")
+    channels_last: str = opt("auto", help="channels-last memory format for the model and its inputs (auto: for "
+                                          "ResNets on a CUDA GPU, where cuDNN is faster with it)", per_rank=False,
+                             resume=FREE, frameworks=("torch",), choices=("auto", "on", "off"))
     seed: int = opt(42, help="seed of the weights, the data order and the random ops", per_rank=False, resume=FREE)
     num_workers: int = opt(2, help="DataLoader workers per rank", per_rank=True, resume=FREE, frameworks=("torch",),
                            at_least=0)
@@ -115,11 +122,15 @@ class TrainConfig:
         return self.validation == "on" or (self.validation == "auto" and self.dataset != "synthetic")
 
     def __post_init__(self):
+        if isinstance(self.amp, bool):  # --amp was a switch (checkpoints, result files, fit(amp=True))
+            object.__setattr__(self, "amp", "fp16" if self.amp else "off")
         problems = options.range_problems(self)  # at_least / above, as declared
         if self.dataset not in DATASETS:
             problems.append(f"unknown dataset '{self.dataset}'; valid: {', '.join(DATASETS)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
+        if self.amp not in AMP_MODES:
+            problems.append(f"unknown --amp mode '{self.amp}'; valid: {', '.join(AMP_MODES)}")
         if self.lr_schedule not in LR_SCHEDULES:
             problems.append(f"unknown LR schedule '{self.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
         if self.resume and not self.checkpoint_dir:
@@ -190,6 +201,7 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
             continue
         p.add_argument(options.flag(field.name), type=None if kind is str else kind,
                        default=None if field.name in recipes.OPTIONS else field.default,
+                       **({"nargs": "?", "const": o.const} if o.const is not None else {}),
                        choices=o.choices(framework) if callable(o.choices) else o.choices, help=help_text)
     return p
 

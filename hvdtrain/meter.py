@@ -42,12 +42,16 @@ def stop_reason(usr1_votes: float, term_votes: float) -> str | None:
 class StepMeter:
     def __init__(self, backend: Collectives, reporter, signal_name: Callable[[], str | None],
                  current_lr: Callable[[], float], log_interval: int, warmup_steps: int, samples_per_step: int,
-                 check_loss: Callable[[float], None] = lambda loss: None):
+                 check_loss: Callable[[float], None] = lambda loss: None,
+                 to_host: Callable[[object], np.ndarray] = lambda stats: np.asarray(stats, dtype=np.float64)):
         self.backend, self.reporter = backend, reporter
         self.signal_name, self.current_lr = signal_name, current_lr
         # Called with each reduced interval loss (the same on every rank); it may raise to stop
         # the run (the trainer's divergence check).
         self.check_loss = check_loss
+        # The loop's step stats may stay on its device (a torch tensor on the GPU): they are added
+        # up there and copied to the host (to_host) only when reduced, never once per step.
+        self.to_host = to_host
         self.log_interval, self.warmup_steps, self.samples_per_step = log_interval, warmup_steps, samples_per_step
         self.steps_run = 0              # steps this process ran: the first warmup_steps are not timed
         self.first_step_at = None
@@ -83,7 +87,7 @@ class StepMeter:
 
     def start_epoch(self, steps: int, first_step: int, label: str) -> None:
         """`steps` steps follow, the first of which makes the global step `first_step + 1`."""
-        self.window = np.zeros(3)       # loss sum, correct, count since the last reduction
+        self.window = None              # loss sum, correct, count since the last reduction (device)
         self.totals = np.zeros(3)
         self.last_step = first_step + steps
         self.stopped_by, self.timing, self.timed_steps, self.t0 = None, False, 0, 0.0
@@ -104,21 +108,22 @@ class StepMeter:
         loss to check_loss. True: stop now."""
         self.steps_run += 1
         self.timed_steps += self.timing
-        self.window += np.asarray(stats, dtype=np.float64)
+        stats = np.asarray(stats, dtype=np.float64) if isinstance(stats, (list, tuple)) else stats
+        self.window = stats if self.window is None else self.window + stats
         self.bar.update(1)
         if self.first_loss is None:
             # The yardstick of the divergence stop (trainer.py): the loss before any update of
             # this run, as every rank sees it; the first interval's mean could already have diverged.
-            first = self.backend.allreduce_sum(np.asarray(stats, dtype=np.float64), "first_loss")
+            first = self.backend.allreduce_sum(self.to_host(stats), "first_loss")
             self.first_loss = float(first[0] / max(1.0, first[2]))
         self.phases.mark("other")
         if global_step % self.log_interval and global_step != self.last_step:
             return False
-        reduced = self.backend.allreduce_sum(np.array([*self.window, *stop_votes(self.signal_name())]),
+        reduced = self.backend.allreduce_sum(np.array([*self.to_host(self.window), *stop_votes(self.signal_name())]),
                                              "train_window")
         self.phases.mark("sync")  # the metrics' reduction waits for every rank too
         self.totals += reduced[:3]
-        self.window[:] = 0
+        self.window = None
         interval_loss = float(reduced[0] / max(1.0, reduced[2]))
         self.loss_log.append([global_step, interval_loss])
         self.reporter.scalars(global_step, {"train/loss": interval_loss, "train/lr": float(self.current_lr())})

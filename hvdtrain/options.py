@@ -42,6 +42,7 @@ class Option:
     choices: tuple | Callable[[str], list] | None = None  # or a function of the framework
     at_least: float | None = None                 # the lowest value allowed
     above: float | None = None                    # every value allowed is above this one
+    const: object = None                          # the value of the flag given without one (--amp: fp16)
 
     def __post_init__(self):
         every_backend = {b.name for b in backends.BACKENDS}

@@ -29,6 +29,8 @@ import shutil
 import socket
 import time
 
+import numpy as np
+
 from hvdtrain import backends, options, recipes, tuning
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
@@ -88,7 +90,8 @@ class EpochTrainer(abc.ABC):
         self.resized: str | None = None  # how a resume with --allow-resize changed the position
         self.meter = StepMeter(self.backend, self.reporter, lambda: self.stop.signal_name, self._current_lr,
                                self.cfg.log_interval, self.cfg.warmup_steps,
-                               self.cfg.batch_size * self.cfg.batches_per_allreduce, self._check_divergence)
+                               self.cfg.batch_size * self.cfg.batches_per_allreduce, self._check_divergence,
+                               self._stats_to_host)
         self.device_name = self._setup_device()
         self.plan = plan_steps(self.cfg, *self._build_data())
         self._build_model()
@@ -215,6 +218,14 @@ class EpochTrainer(abc.ABC):
 
     def _result_extras(self) -> dict:
         return {}
+
+    def _rank_extras(self) -> dict:
+        """What this rank adds to its entry of the result's per-rank list."""
+        return {}
+
+    def _stats_to_host(self, stats):
+        """A step's (loss sum, correct, count), or a sum of them, as a float64 numpy array."""
+        return np.asarray(stats, dtype=np.float64)
 
     # ------------------------------------------------------------------ the loop API
     def start_epoch(self) -> int:
@@ -441,7 +452,8 @@ class EpochTrainer(abc.ABC):
                                        "threads": self.threads, "images_per_sec": m.images_per_sec,
                                        "timed_samples": m.timed_samples, "timed_seconds": m.timed_seconds,
                                        "timed_steps": m.timed_steps_total, "phases_ms": m.phases_ms(),
-                                       "param_checksum": checksum_arrays(self._state_arrays())}, "per_rank")
+                                       "param_checksum": checksum_arrays(self._state_arrays()),
+                                       **self._rank_extras()}, "per_rank")
         env = self.env
         requeue = None
         if stopped_by:

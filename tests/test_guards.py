@@ -40,14 +40,8 @@ def test_bad_option_values_are_refused(options, message):
 
 @pytest.mark.parametrize("argv, message", [
     (["--base-lr", "nan"], "--base-lr must be a finite number > 0 (got nan)"),
-    # Found once the rank knows its device, after hvd.init(): a CPU-only node.
-    (["--amp", "--model", "mnist_cnn", "--dataset", "digits"], "--amp needs a CUDA GPU; this rank has none"),
 ])
 def test_bad_input_is_one_line_with_exit_2(argv, message):
-    import torch
-
-    if "--amp" in argv and torch.cuda.is_available():
-        pytest.skip("this check is for CPU-only machines")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, "-m", "hvdtrain.torch", *argv], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=120)

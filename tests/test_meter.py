@@ -107,3 +107,25 @@ def test_sigterm_outweighs_sigusr1():
     assert stop_reason(usr1_votes=2, term_votes=1) == "SIGTERM"
     assert stop_reason(usr1_votes=1, term_votes=0) == "SIGUSR1"
     assert stop_reason(0, 0) is None
+
+
+def test_device_stats_are_added_up_where_they_are_and_copied_to_the_host_only_when_reduced():
+    """A torch loop keeps each step's stats on its GPU; copying them each step would make every
+    step wait for the GPU. The meter adds them as they come and calls to_host at reductions only."""
+    import torch
+
+    copies = []
+
+    def to_host(stats):
+        copies.append(stats.clone())
+        return stats.cpu().numpy()
+
+    b = TwoRanks()
+    m = StepMeter(b, Quiet(), lambda: None, lambda: 0.1, 3, 1, samples_per_step=4, to_host=to_host)
+    m.start_epoch(steps=5, first_step=0, label="e")
+    for step in range(1, 6):
+        m.before_step()
+        m.after_step(step, torch.tensor([2.0 * step, 1.0, 4.0], dtype=torch.float64))
+    # Step 1 (the first loss), then the sums of steps 1-3 and of steps 4-5: three copies in five steps.
+    assert [c.tolist() for c in copies] == [[2.0, 1.0, 4.0], [12.0, 3.0, 12.0], [18.0, 2.0, 8.0]]
+    assert m.loss_log == [[3, 1.0], [5, 2.25]]

@@ -7,8 +7,10 @@ Two things differ from a stand-alone script, both for a fair comparison: the ren
 the launcher (mpirun, srun or torchrun) as for DDP, instead of `accelerate launch`; and the
 training loader handed to `prepare` lists every rank's batches interleaved (hvdtrain/torch/data.py
 `interleaved_train_loader`), so that Accelerate's sharding (batch k to rank k mod N) gives each
-rank exactly the batches DDP and Horovod see, and the report's parity check applies. An optional
-dependency (`pip install 'hvdtrain[compare]'`).
+rank exactly the batches DDP and Horovod see, and the report's parity check applies. --amp is the
+trainer's autocast and GradScaler around Accelerate's model and optimizer, as for DDP (Accelerate's
+own `mixed_precision` does the same on a GPU, and refuses fp16 on a CPU). An optional dependency
+(`pip install 'hvdtrain[compare]'`).
 """
 from __future__ import annotations
 

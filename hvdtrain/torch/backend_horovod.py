@@ -14,6 +14,7 @@ import torch
 from hvdtrain.errors import UsageError
 from hvdtrain.horovod_ops import gpu_ops_problem, import_horovod, start_horovod
 from hvdtrain.torch.backend import TorchBackend
+from hvdtrain.torch.horovod_layout import ContiguousCompression, broadcast_tensors, contiguous_optimizer_state
 
 
 class HorovodBackend(TorchBackend):
@@ -37,10 +38,10 @@ class HorovodBackend(TorchBackend):
     def wrap_optimizer(self, optimizer, model, cfg):
         hvd = self.hvd
         # Horovod: average gradients over ranks, hooked into backward so that allreduce overlaps
-        # with the rest of the backward pass.
+        # with the rest of the backward pass. Contiguous copies of channels-last gradients.
+        compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
         return hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            optimizer, named_parameters=model.named_parameters(), compression=ContiguousCompression(compression),
             backward_passes_per_step=cfg.batches_per_allreduce,
             op=hvd.Adasum if cfg.use_adasum else hvd.Average)
 
@@ -68,8 +69,9 @@ class HorovodBackend(TorchBackend):
             # Only after a resume, and before the weights: on ranks whose optimizer is still empty
             # Horovod creates the state with a zero-gradient step, which weight decay turns into a
             # small real update of those ranks' weights. Broadcasting the weights after it undoes that.
+            contiguous_optimizer_state(optimizer)  # channels-last momentum buffers
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        broadcast_tensors(self.hvd, model.state_dict().items(), root_rank=0)  # any memory format
 
     def average_buffers(self, model):
         """BatchNorm running statistics are per rank under Horovod, which reduces gradients only:

@@ -23,6 +23,11 @@ from hvdtrain.torch.devices import node_devices
 from hvdtrain.torch.torch_distributed import TorchDistributedBackend, import_optional
 
 
+# --amp as Lightning's precision plugins spell it: its own autocast and GradScaler, as its users
+# get them (Lightning refuses fp16 AMP on a CPU: bf16 runs there).
+LIGHTNING_PRECISION = {"off": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+
 def visible_to_lightning(devices: list[torch.device]) -> dict:
     """Trainer(accelerator=, devices=) for the node's ranks' `devices` (hvdtrain.torch.devices.
     node_devices), which also go to its strategy as parallel_devices (entry local_rank is the
@@ -39,6 +44,7 @@ class LightningBackend(TorchDistributedBackend):
 
     def __init__(self, cfg, cores_per_rank: int):
         self.pl = import_optional("lightning.pytorch", "lightning", "PyTorch Lightning")
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
         from lightning.pytorch.strategies import DDPStrategy
 
         # Lightning's start-up banner ("GPU available: ...") and its advice about DataLoader
@@ -61,10 +67,12 @@ class LightningBackend(TorchDistributedBackend):
                 strategy=DDPStrategy(parallel_devices=devices, process_group_backend="nccl" if gpu else "gloo",
                                      ddp_comm_hook=hook),
                 max_epochs=cfg.epochs, max_steps=cfg.steps or -1,
+                precision=LIGHTNING_PRECISION[cfg.amp],
                 use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
                 limit_val_batches=1.0 if cfg.validates else 0, num_sanity_val_steps=0,
                 logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-        except (RuntimeError, ValueError) as err:  # its SLURM checks, e.g. srun -n without --ntasks-per-node
+        except (RuntimeError, ValueError, MisconfigurationException) as err:
+            # Its SLURM checks (srun -n without --ntasks-per-node), fp16 AMP on a CPU
             raise UsageError(f"PyTorch Lightning refuses this launch: {err}") from None
         self.environment = type(self.trainer.strategy.cluster_environment).__name__
         self.threads_in_loop = None

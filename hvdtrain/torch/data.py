@@ -120,8 +120,12 @@ def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_bat
 def val_loader(dataset, cfg, rank: int, world_size: int):
     # Not a DistributedSampler: it pads with duplicates so that shards are equal. Here every
     # validation sample is seen exactly once; metrics are reduced as (sum, count).
+    # Pinned batches: the copy to the GPU is asynchronous. Workers are not kept between passes
+    # (persistent_workers): ours block the stop signals (hvdtrain/torch/workers.py), so the
+    # SIGTERM with which multiprocessing ends live workers at the interpreter's exit does not
+    # end them, and its join then waits forever (seen); a new worker starts in milliseconds.
     shard = Subset(dataset, datasets.exact_shard(len(dataset), rank, world_size))
-    return _loader(shard, cfg, batch_size=cfg.batch_size, shuffle=False)
+    return _loader(shard, cfg, batch_size=cfg.batch_size, shuffle=False, pin_memory=torch.cuda.is_available())
 
 
 def _loader(dataset, cfg, **kwargs) -> DataLoader:

@@ -39,13 +39,20 @@ class TrainerModule(pl.LightningModule):
         hv = self.hv
         torch.manual_seed(step_seed(hv.cfg.seed, hv.position.global_step, hv.rank))
         x, y = batch
+        if hv.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         out = self.model(x)
         loss = F.cross_entropy(out, y)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(y))
-        return {"loss": loss, "stats": [loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)]}
+        # On the device, as the other backends keep them: the meter reads them at log intervals.
+        stats = torch.stack((loss.detach().double() * len(y), (out.argmax(1) == y).sum().double(),
+                             torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)))
+        return {"loss": loss, "stats": stats}
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
+        if self.hv.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         out = self.model(x)
         # Sums, reduced over every rank by Lightning (sync_dist): exact over uneven shards, where
         # a mean of the ranks' means would not be.

@@ -83,6 +83,17 @@ def import_optional(module: str, backend: str, library: str):
                          "pip install 'hvdtrain[compare]' (bash scripts/setup.sh installs it)") from None
 
 
+def state_on_cpu(state):
+    """A copy of an optimizer's state_dict whose tensors are all on the CPU."""
+    if torch.is_tensor(state):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {key: state_on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(state_on_cpu(value) for value in state)
+    return state
+
+
 class TorchDistributedBackend(TorchBackend):
     """A TorchBackend over torch.distributed's default group, which `_start_process_group` starts."""
 
@@ -96,9 +107,12 @@ class TorchDistributedBackend(TorchBackend):
 
     def broadcast_state(self, model, optimizer, optimizer_state: bool):
         # DDP broadcast parameters and buffers when it wrapped the model; the optimizer state
-        # (only after a resume) goes as an object.
+        # (only after a resume) goes as an object, from the CPU: an object broadcast unpickles
+        # CUDA tensors onto the device they were saved from (rank 0's GPU) on every rank, and
+        # load_state_dict moves each state tensor to its parameter's device, this rank's own.
         if optimizer_state:
-            optimizer.load_state_dict(self.broadcast_object(optimizer.state_dict(), "optimizer_state"))
+            state = state_on_cpu(optimizer.state_dict()) if self.rank == 0 else None
+            optimizer.load_state_dict(self.broadcast_object(state, "optimizer_state"))
 
     def average_buffers(self, model):
         # DDP broadcasts rank 0's buffers before every forward, but each rank's forward then

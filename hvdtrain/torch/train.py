@@ -22,9 +22,9 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import data
+from hvdtrain.torch import data, device_settings
 from hvdtrain.trainer import EpochTrainer
-from hvdtrain.torch.models import CHANNELS_LAST_MODELS, MODELS, build_model, check_model_name
+from hvdtrain.torch.models import MODELS, build_model, check_model_name
 from hvdtrain.torch.phases import CudaPhaseClock
 from hvdtrain.torch.devices import rank_device
 
@@ -65,11 +65,11 @@ class Trainer(EpochTrainer):
         self.device = rank_device(b.local_rank, b.local_world_size)  # hvdtrain/torch/devices.py
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        if self.cfg.amp and self.device.type != "cuda":
-            raise UsageError("--amp needs a CUDA GPU; this rank has none")
+        self.cuda_math = device_settings.cuda_math(self.device)
         return str(self.device)
 
     def _build_data(self) -> tuple[int, int]:
+        self.val_batches = None  # the validation loader, once _validate builds it
         self.train_ds, self.val_ds, self.in_channels, self.num_classes, self.input_size = data.build_datasets(self.cfg)
         return len(self.train_ds), len(self.val_ds)
 
@@ -77,7 +77,7 @@ class Trainer(EpochTrainer):
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, self.in_channels, self.num_classes, self.input_size).to(self.device)
-        self.channels_last = self.device.type == "cuda" and cfg.model in CHANNELS_LAST_MODELS
+        self.channels_last = device_settings.channels_last(cfg.channels_last, cfg.model, self.device, cfg.use_adasum)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.raw_model = model  # unwrapped: what checkpoints and checksums hold
@@ -105,11 +105,9 @@ class Trainer(EpochTrainer):
         # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
         # is a new optimizer object and would drop the state of the one it wraps.
         self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
+        self.scaler = device_settings.grad_scaler(cfg.amp, self.device)
         if saved is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
-            if self.scaler is not None and saved.get("scaler"):
-                self.scaler.load_state_dict(saved["scaler"])
         # Not the checkpoint's scheduler: it (and the optimizer's initial_lr) carries the LR of
         # the run that wrote it, which another --base-lr or global batch (--allow-resize) would
         # silently keep. The LR is a function of the step and this run's config, so every rank
@@ -120,6 +118,13 @@ class Trainer(EpochTrainer):
             self.optimizer, lr_factor(cfg, self.plan.steps_per_epoch, self.plan.schedule_steps),
             last_epoch=self.position.global_step - 1)
         b.broadcast_state(model, self.optimizer, optimizer_state=resumed)
+        if self.scaler is not None and resumed:
+            # Every rank's loss scale, not rank 0's alone: the gradients are averaged scaled, and
+            # a rank unscaling by another scale (a fresh 65536) would apply another update.
+            scaler_state = saved.get("scaler") if saved is not None else None
+            scaler_state = b.broadcast_object(scaler_state, "scaler_state")
+            if scaler_state:
+                self.scaler.load_state_dict(scaler_state)
 
     def _phase_clock(self):
         if self.backend.owns_loop:
@@ -130,6 +135,17 @@ class Trainer(EpochTrainer):
     def _state_arrays(self):
         state = (*self.raw_model.parameters(), *self.raw_model.buffers())
         return [t.detach().cpu().double().numpy() for t in state]
+
+    def _stats_to_host(self, stats):
+        return stats.cpu().numpy() if torch.is_tensor(stats) else super()._stats_to_host(stats)
+
+    def _rank_extras(self) -> dict:
+        # Each rank's AMP loss scale: equal on every rank, or the ranks apply different updates.
+        return {"grad_scale": self.scaler.get_scale() if self.scaler else None,
+                "channels_last": self.channels_last}
+
+    def _result_extras(self) -> dict:
+        return {"cuda_math": self.cuda_math}
 
     def _average_statistics(self) -> None:
         self.backend.average_buffers(self.raw_model)
@@ -151,10 +167,12 @@ class Trainer(EpochTrainer):
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             meter.phase("data")
-            stats = [0.0, 0.0, 0.0]   # loss sum, correct, count of this step
+            # Loss sum, correct, count of this step, kept on the device: the meter reads them at
+            # log intervals only, so that no step waits for the GPU to copy a number back.
+            stats = torch.zeros(3, dtype=torch.float64, device=self.device)
             for j, (xc, yc) in enumerate(zip(x.chunk(k), y.chunk(k))):
                 with b.no_sync(self.model, self.optimizer, j == k - 1), \
-                        torch.autocast(self.device.type, enabled=cfg.amp):
+                        device_settings.autocast(cfg.amp, self.device):
                     out = self.model(xc)
                     loss = F.cross_entropy(out, yc)
                 if j == 0:
@@ -172,9 +190,8 @@ class Trainer(EpochTrainer):
                 self._mark_compute_when_gradients_are_done(scaled)
                 b.backward(scaled)
                 meter.phase("sync")  # DDP: waiting for its last buckets' allreduce, inside backward()
-                stats[0] += loss.item() * len(yc)
-                stats[1] += (out.argmax(1) == yc).sum().item()
-                stats[2] += len(yc)
+                stats += torch.stack((loss.detach().double() * len(yc), (out.argmax(1) == yc).sum().double(),
+                                      stats.new_tensor(len(yc))))
             b.finish_gradients(self.optimizer)  # Horovod: wait for the allreduces backward started
             meter.phase("sync")
             b.step(self.optimizer, self.scaler)
@@ -199,21 +216,23 @@ class Trainer(EpochTrainer):
         self._average_statistics()  # one set of BatchNorm statistics
         self.model.eval()
         b = self.backend
-        sums = torch.zeros(3, dtype=torch.float64)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # read once, at the end
         self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
         # By default an exact shard per rank, the sums reduced once; Accelerate's way: its own
         # sharded loader, every rank gathering every sample's figures (gather_for_metrics).
-        for x, y in b.val_loader(self.val_ds, self.cfg):
+        if self.val_batches is None:  # the same batches at every pass: built once
+            self.val_batches = b.val_loader(self.val_ds, self.cfg)
+        for x, y in self.val_batches:
             self.watchdog.beat(where="validating")
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
-            with torch.autocast(self.device.type, enabled=self.cfg.amp):
+            with device_settings.autocast(self.cfg.amp, self.device):
                 out = self.model(x)
             losses, correct = b.gather_for_metrics((F.cross_entropy(out.float(), y, reduction="none"),
                                                     out.argmax(1) == y))
-            sums += torch.tensor([losses.sum().item(), correct.sum().item(), len(losses)], dtype=torch.float64)
-        total = b.validation_totals(sums.numpy())
+            sums += torch.stack((losses.double().sum(), correct.double().sum(), sums.new_tensor(len(losses))))
+        total = b.validation_totals(sums.cpu().numpy())
         count = int(total[2])
         return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count, "val_count": count}
 
