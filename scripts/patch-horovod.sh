@@ -38,6 +38,16 @@ edit horovod/tensorflow/CMakeLists.txt '/xla_mpi_ops.cc/d' \
 edit cmake/Modules/FindPytorch.cmake \
      "s/(CUDA_HOME is not None)) else False)/(CUDA_HOME is not None) and __import__('os').environ.get('HVDTRAIN_TORCH_CPU_OPS') != '1') else False)/" \
      "CPU ops without a CUDA toolkit (HVDTRAIN_TORCH_CPU_OPS=1)" '(CUDA_HOME is not None)) else False)'
+# NCCL build: the CUDA kernels' nvcc flags come from cmake/build_utils.py's get_nvcc_flags, which
+# calls int() on each HOROVOD_BUILD_CUDA_CC_LIST entry; when it raises ("90a", "compute_90", an
+# empty list), CMake went on with no flags at all: no -O3 -Xcompiler -fPIC and no -gencode, a
+# library for CMake's default architecture only. Stop the build there instead, saying why.
+edit horovod/common/ops/cuda/CMakeLists.txt \
+     's|^\( *OUTPUT_VARIABLE HVD_NVCC_COMPILE_FLAGS OUTPUT_STRIP_TRAILING_WHITESPACE\))$|\1 RESULT_VARIABLE HVD_NVCC_FLAGS_RESULT)|; /^MESSAGE(STATUS "HVD_NVCC_COMPILE_FLAGS = /a\
+if(NOT HVD_NVCC_FLAGS_RESULT EQUAL 0 OR NOT HVD_NVCC_COMPILE_FLAGS MATCHES "-gencode")\
+    message(FATAL_ERROR "hvdtrain: no -gencode flags for the CUDA kernels (build_utils.get_nvcc_flags: ${HVD_NVCC_FLAGS_RESULT}; HOROVOD_BUILD_CUDA_CC_LIST=\x27$ENV{HOROVOD_BUILD_CUDA_CC_LIST}\x27 must be compute capabilities as numbers, e.g. 75,80,90)")\
+endif()' \
+     "stop when the CUDA kernels would get no -gencode flags" 'OUTPUT_VARIABLE HVD_NVCC_COMPILE_FLAGS OUTPUT_STRIP_TRAILING_WHITESPACE)$'
 # NCCL build: TF's GPU ops ask TF for the CUDA stream through stream_executor::gpu::AsGpuStreamValue,
 # which TF >= 2.16 no longer exports (the TF ops then fail to load: undefined symbol). The stream
 # is also what the virtual Stream::platform_specific_handle() returns; use that there.

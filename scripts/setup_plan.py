@@ -107,7 +107,7 @@ class Facts:
     torch_version: str = "none"
     tf_version: str = "none"
     torch_cuda: str | None = None           # torch.version.cuda
-    torch_archs: str = ""                   # "75,80,...": what torch was built for
+    torch_archs: str = ""                   # "sm_75,sm_80,sm_90a,compute_90": torch's arch flags, as torch says them
     nccl_home: str | None = None            # the NCCL of torch's CUDA packages (nvidia.nccl)
     tf_include: str | None = None           # tf.sysconfig.get_include()
     horovod: HorovodProbe | None = None
@@ -164,6 +164,8 @@ class Plan:
     cuda_pypi_step: bool = False
     cuda_pypi_packages: tuple = ()
     build_env: tuple = ()
+    cuda_archs: str = ""          # HOROVOD_BUILD_CUDA_CC_LIST of the NCCL build ("75,80,90")
+    cuda_archs_why: str = ""
     nccl_home: str = ""
     horovod_build: bool = False
     horovod_install: bool = False
@@ -378,7 +380,42 @@ def horovod_key(frameworks: tuple, gpu_ops: str, mpi: str, facts: Facts) -> str:
     return f"horovod-{HOROVOD_VERSION}-torch{torch}-tf{tf}-{facts.pytag}-{mpi}-{ops}-p{patch}"
 
 
-def build_env(frameworks: tuple, gpu_ops: str, cuda_dir: str, facts: Facts) -> tuple:
+# Horovod's CUDA kernels (cmake/build_utils.py's get_nvcc_flags) are compiled for the compute
+# capabilities in HOROVOD_BUILD_CUDA_CC_LIST, each passed through int(): "90a" or "compute_90" (or an
+# empty list) make it raise, and Horovod 0.28.1's CMake then silently drops -O3 -Xcompiler -fPIC and
+# every -gencode flag (scripts/patch-horovod.sh now stops the build instead). So the list holds
+# numbers only: torch's plain sm_NN architectures, else DEFAULT_CUDA_ARCHS.
+#
+# When torch names none (an older torch on a login node without a GPU answers
+# torch.cuda.get_arch_list() with []): the datacenter GPUs of the last generations -- V100 (70),
+# T4 (75), A100 (80), A10/A40/L4/L40S (86; sm_86 code runs on 8.9), H100/H200 (90), B200 (100) and
+# Blackwell RTX PRO (120) -- as far as nvcc of torch's CUDA compiles for them (CUDA 13 dropped
+# Volta; 10.0 and 12.0 came with CUDA 12.8, 9.0 with 11.8). For CUDA 13 that is torch
+# 2.14.1+cu130's own list. The highest one is also built as PTX, which newer GPUs compile at load.
+DEFAULT_CUDA_ARCHS = (((13, 0), (75, 80, 86, 90, 100, 120)),
+                      ((12, 8), (70, 75, 80, 86, 90, 100, 120)),
+                      ((11, 8), (70, 75, 80, 86, 90)),
+                      ((0, 0), (70, 75, 80)))
+
+
+def cuda_archs(torch_archs: str, cuda: str | None) -> tuple[str, str]:
+    """(HOROVOD_BUILD_CUDA_CC_LIST, why) for the NCCL build. torch_archs: torch's arch flags as it
+    lists them ("sm_75,sm_80,sm_90a,compute_90", commas or spaces); cuda: torch's CUDA version.
+    Only plain sm_NN entries are kept (sm_90a is a variant for that GPU alone, compute_NN is PTX);
+    with none left, DEFAULT_CUDA_ARCHS for that CUDA."""
+    entries = [a for a in re.split(r"[,\s]+", torch_archs) if a]
+    kept = sorted({int(a[3:]) for a in entries if re.fullmatch(r"sm_[0-9]+", a)})
+    left_out = [a for a in entries if not re.fullmatch(r"sm_[0-9]+", a)]
+    note = f" (left out: {' '.join(left_out)})" if left_out else ""
+    if kept:
+        return ",".join(map(str, kept)), f"torch's sm_ architectures{note}"
+    version = tuple(int(x) for x in re.findall(r"[0-9]+", cuda or "")[:2]) or (0, 0)
+    default = next(archs for since, archs in DEFAULT_CUDA_ARCHS if version >= since)
+    return ",".join(map(str, default)), (f"torch names no sm_ architecture{note}: the default for CUDA {cuda}, "
+                                         "the datacenter GPUs it compiles for")
+
+
+def build_env(frameworks: tuple, gpu_ops: str, cuda_dir: str, facts: Facts, cc_list: str = "") -> tuple:
     """The variables Horovod's build runs with (besides MAKEFLAGS and PATH)."""
     env = ["HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITHOUT_MXNET=1",
            "HOROVOD_WITH_PYTORCH=1" if "torch" in frameworks else "HOROVOD_WITHOUT_PYTORCH=1"]
@@ -390,9 +427,9 @@ def build_env(frameworks: tuple, gpu_ops: str, cuda_dir: str, facts: Facts) -> t
     else:
         env += ["HOROVOD_WITHOUT_TENSORFLOW=1"]
     if gpu_ops == "nccl":
-        # Every GPU generation torch itself was built for (a login node cannot see the GPUs), and
-        # the NCCL that torch's CUDA packages bring (nvidia-nccl-cu*), else the system's.
-        env += [f"CUDA_HOME={cuda_dir}", f"CUDAToolkit_ROOT={cuda_dir}", f"HOROVOD_BUILD_CUDA_CC_LIST={facts.torch_archs}"]
+        # Every GPU generation torch itself was built for (cuda_archs: a login node cannot see the
+        # GPUs), and the NCCL that torch's CUDA packages bring (nvidia-nccl-cu*), else the system's.
+        env += [f"CUDA_HOME={cuda_dir}", f"CUDAToolkit_ROOT={cuda_dir}", f"HOROVOD_BUILD_CUDA_CC_LIST={cc_list}"]
         if facts.nccl_home:
             env += [f"HOROVOD_NCCL_HOME={facts.nccl_home}", "HOROVOD_NCCL_LINK=SHARED"]
         env += ["HOROVOD_GPU_OPERATIONS=NCCL"]
@@ -468,7 +505,8 @@ def plan(facts: Facts) -> Plan:
         if not facts.toolkit:
             p.cuda_pypi_packages = tuple(cuda_pypi_packages(facts.torch_cuda))
             p.cuda_pypi_step = os.path.basename(p.cuda_dir) not in facts.cuda_pypi_ready
-    p.build_env = build_env(frameworks, p.gpu_ops, p.cuda_dir, facts)
+        p.cuda_archs, p.cuda_archs_why = cuda_archs(facts.torch_archs, facts.torch_cuda)
+    p.build_env = build_env(frameworks, p.gpu_ops, p.cuda_dir, facts, p.cuda_archs)
     p.nccl_home = (facts.nccl_home or "") if p.gpu_ops == "nccl" else ""
     p.horovod_build = p.hvd_key not in facts.cached_wheels
     p.horovod_install = p.horovod_build or facts.horovod_stamp != p.hvd_key   # a new wheel is always installed
@@ -534,6 +572,8 @@ def describe(p: Plan) -> list[str]:
         lines.append("  horovod       " + (p.horovod_say or f"ours, built or taken from the cache by its key "
                                                            f"(found here: {p.horovod_found})"))
         lines.append(f"  GPU ops       {p.gpu_ops} -- {p.gpu_why}")
+        if p.cuda_archs:
+            lines.append(f"  CUDA archs    {p.cuda_archs} ({p.cuda_archs_why})")
         if p.cuda_pypi_packages:
             lines.append("  cuda-pypi     " + either(p.cuda_pypi_step, f"pip install {' '.join(p.cuda_pypi_packages)} "
                                                      f"into {p.cuda_dir}", f"CUDA toolkit from PyPI at {p.cuda_dir}"))

@@ -169,10 +169,13 @@ def gpu_present() -> bool:
 
 
 def cuda_archs() -> str:
-    """The compute capabilities torch was built for, as Horovod's HOROVOD_BUILD_CUDA_CC_LIST."""
+    """torch's arch flags as it lists them ("sm_75,sm_80,sm_90a,compute_90"): setup_plan.cuda_archs
+    makes Horovod's HOROVOD_BUILD_CUDA_CC_LIST of them. Asked of the library itself: an older
+    torch.cuda.get_arch_list() answers [] wherever no GPU is seen (a login node)."""
     import torch
 
-    return ",".join(a.split("_")[1] for a in torch.cuda.get_arch_list() if a.startswith("sm_"))
+    flags = getattr(torch._C, "_cuda_getArchFlags", lambda: None)()
+    return ",".join(flags.split() if flags else torch.cuda.get_arch_list())
 
 
 def cuda_pypi_assemble(dest: str) -> None:

@@ -211,6 +211,18 @@ def test_pypi_gpu_build_without_mpi_or_cuda_toolkit(cluster_user, cluster_root):
     assert f"CUDA toolkit from PyPI at {cache.path}/cuda-pypi-13.0" in out or "step 'cuda-pypi' done" in out, out[-3000:]
     assert re.search(r"horovod-0\.28\.1-torch[\d.]+-tfnone-py311-openmpi5[\d.]+-nccl-cu13\.0-p", out), out[-3000:]
     check_build_marks(out, ("PyTorch", "MPI", "Gloo", "NCCL"))
+    # The CUDA kernels were compiled for torch's own architectures: the build log (kept in the cache
+    # with the wheel) holds Horovod's nvcc flags with one -gencode per compute capability of the
+    # list the plan gave, the highest also as PTX -- not an empty flag line (issue 30).
+    with open(f"{cache.path}/logs/horovod-build.log") as f:
+        log = f.read()
+    cc_list = re.search(r"^HOROVOD_BUILD_CUDA_CC_LIST=([0-9,]+)$", log, re.M).group(1).split(",")
+    flags = re.search(r"HVD_NVCC_COMPILE_FLAGS = (.*)", log).group(1)
+    assert flags.startswith("-O3 -Xcompiler -fPIC -gencode "), flags
+    gencode = re.findall(r"-gencode arch=compute_(\d+),code=", flags)
+    assert gencode == cc_list and len(cc_list) >= 3, (cc_list, flags)
+    assert f'code=\\"sm_{cc_list[-1]},compute_{cc_list[-1]}\\"' in flags, flags
+    assert re.search(r"/nvcc .*-gencode arch=compute_\d+,code=sm_\d+ .*cuda_kernels\.cu", log), "nvcc ran without -gencode"
 
     code = "import horovod.torch as hvd; print('BUILT', *(bool(f()) for f in (hvd.nccl_built, hvd.cuda_built, hvd.mpi_built)))"
     built = as_user(cluster_user, cluster_root, "module-frameworks", f"{venv}/bin/python -c \"{code}\"",

@@ -35,7 +35,7 @@ BARE_WARM = dataclasses.replace(
     BARE_DEBIAN, debs_installed=frozenset(sp.APT_PACKAGES), mpicc="/usr/bin/mpicc", launcher="/usr/bin/srun",
     cxx="/usr/bin/g++", python=dataclasses.replace(GOOD_PYTHON, name="python3.11"), toolkit="/usr/local/cuda-13.0",
     mpi_on_path=OPEN_MPI_4, planner="/c/venv-py311/bin/python", in_venv=True, venv_python=True,
-    torch_version="2.14.1", tf_version="2.21.0", torch_cuda="13.0", torch_archs="75,80,86,90,100,120",
+    torch_version="2.14.1", tf_version="2.21.0", torch_cuda="13.0", torch_archs="sm_75,sm_80,sm_86,sm_90,sm_100,sm_120",
     nccl_home="/c/venv-py311/lib/python3.11/site-packages/nvidia/nccl", tf_include="/tf/include",
     horovod=sp.HorovodProbe("venv", "0.28.1", "/c/venv-py311/lib/python3.11/site-packages/horovod"),
     hvdtrain_root="/repo", venv_stamp="6554bdd970af0999", horovod_stamp=WARM_KEY, cached_wheels=frozenset({WARM_KEY}))
@@ -46,7 +46,7 @@ CLUSTER_TORCH = sp.Facts(
     options=OPTIONS, uid=1000, mpicc="/apps/openmpi/4.1.6/bin/mpicc", launcher="/usr/bin/srun", cxx="/apps/gcc/bin/g++",
     python=GOOD_PYTHON, mpi_on_path=sp.MpiProbe("mpirun (Open MPI) 4.1.6\n", "gcc -lmpi\n"),
     planner="/c/venv-py311/bin/python", in_venv=True, venv_python=True, importable=("torch",),
-    torch_version="2.3.0", torch_cuda="12.1", torch_archs="70,80,90", hvdtrain_root="/repo",
+    torch_version="2.3.0", torch_cuda="12.1", torch_archs="sm_70,sm_80,sm_90", hvdtrain_root="/repo",
     pyproject=b'[project]\nname = "hvdtrain"\n', patch=b"patch")
 
 
@@ -232,6 +232,48 @@ def test_login_node_with_cuda_module_builds_nccl_for_the_gpu_nodes():
     assert "HVDTRAIN_TORCH_CPU_OPS=1" not in p.build_env
     assert p.check_marks == ("PyTorch", "MPI", "Gloo", "NCCL")
     assert not p.tf_cuda and "tf-gpu" not in plan(LOGIN_CUDA, frameworks="torch,tf").extras   # no GPU here
+
+
+# ---------------------------------------------------------------- the NCCL build's GPU architectures
+# Horovod's get_nvcc_flags calls int() on each HOROVOD_BUILD_CUDA_CC_LIST entry; one that is not a
+# number (or an empty list) made its CMake drop every -gencode flag without stopping.
+
+def test_cuda_archs_keep_torchs_sm_list():
+    assert sp.cuda_archs("sm_75,sm_80,sm_86,sm_90,sm_100,sm_120", "13.0") == ("75,80,86,90,100,120",
+                                                                             "torch's sm_ architectures")
+    # As torch._C._cuda_getArchFlags() spells them (spaces), unsorted and repeated: numbers, in order.
+    assert sp.cuda_archs("sm_90 sm_80 sm_80", "12.4")[0] == "80,90"
+
+
+def test_cuda_archs_leave_out_sm_90a_and_compute_entries():
+    cc, why = sp.cuda_archs("sm_80,sm_90,sm_90a,compute_90", "12.4")
+    assert cc == "80,90" and why == "torch's sm_ architectures (left out: sm_90a compute_90)"
+    assert sp.cuda_archs("sm_100a,sm_120", "12.8")[0] == "120"
+
+
+def test_cuda_archs_default_when_torch_names_none():
+    # An older torch on a login node answers get_arch_list() with []: the datacenter default, as far
+    # as torch's CUDA compiles for it (CUDA 13 has no Volta, sm_100/120 came with 12.8).
+    assert sp.cuda_archs("", "13.0") == ("75,80,86,90,100,120", "torch names no sm_ architecture: the default "
+                                         "for CUDA 13.0, the datacenter GPUs it compiles for")
+    assert sp.cuda_archs("", "12.8")[0] == "70,75,80,86,90,100,120"
+    assert sp.cuda_archs("", "12.1")[0] == "70,75,80,86,90"
+    assert sp.cuda_archs("", "11.7")[0] == "70,75,80"
+    # Only variants and PTX entries: nothing to keep, the default too, saying what was left out.
+    cc, why = sp.cuda_archs("sm_90a,compute_90", "12.4")
+    assert cc == "70,75,80,86,90" and why.startswith("torch names no sm_ architecture (left out: sm_90a compute_90)")
+
+
+def test_nccl_build_never_gets_a_cc_list_horovod_cannot_read():
+    for archs in ("", "sm_90a", "compute_90", "sm_75,sm_80,sm_86,sm_90,sm_100,sm_120", "sm_80,sm_90a"):
+        p = sp.plan(dataclasses.replace(BARE_WARM, torch_archs=archs))
+        [cc_list] = [v.split("=", 1)[1] for v in p.build_env if v.startswith("HOROVOD_BUILD_CUDA_CC_LIST=")]
+        # What Horovod's get_nvcc_flags does with it: int() of each entry.
+        assert cc_list and [int(x) for x in cc_list.split(",")] and cc_list == p.cuda_archs, archs
+    p = sp.plan(dataclasses.replace(BARE_WARM, torch_archs=""))
+    assert "HOROVOD_BUILD_CUDA_CC_LIST=75,80,86,90,100,120" in p.build_env
+    assert "  CUDA archs    75,80,86,90,100,120 (torch names no sm_ architecture" in "\n".join(sp.describe(p))
+    assert sp.plan(CLUSTER_TORCH).cuda_archs == ""   # CPU ops: no CUDA kernels
 
 
 def test_gpu_flag_without_toolkit_takes_nvidias_from_pypi():
