@@ -12,13 +12,14 @@ from hvdtrain.datasets import check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
 
 
-def main(framework: str, models: Iterable[str], check_model_name: Callable[[str], None],
-         train: Callable[[TrainConfig], None], argv: list[str] | None = None) -> None:
+def main(framework: str, models: Iterable[str], train: Callable[[TrainConfig], None],
+         argv: list[str] | None = None, check: Callable[[TrainConfig], None] = lambda cfg: None) -> None:
+    """Parse, build the config, `check` it (the framework's own checks), train."""
     prog = f"hvdtrain.{framework}"
     args = build_parser(framework, list(models), f"python -m {prog}").parse_args(argv)
     try:
         cfg = config_from_args(framework, args)
-        check_model_name(cfg.model)
+        check(cfg)
         if cfg.dataset == "imagefolder":
             check_imagefolder(cfg.data_dir)
         train(cfg)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass
 
-from hvdtrain import backends, options, recipes
+from hvdtrain import backends, options, plugins, recipes
 from hvdtrain.errors import UsageError
 from hvdtrain.options import FREE, MATCH, RESIZE, declared, opt
 
@@ -31,8 +32,14 @@ class TrainConfig:
     # applies; the command line, the checks below, the ranks' agreement and the resume rules
     # follow from that.
     framework: str = opt("torch", help="the trainer: torch or tf", flag=False, per_rank=False, resume=MATCH)
-    model: str = opt("resnet50", help="one of: {models}", per_rank=False, resume=MATCH)
-    dataset: str = opt("synthetic", help="one of: {datasets}", per_rank=False, resume=MATCH)
+    model: str = opt("resnet50", help="one of: {models}; or your own, FILE.py:FUNCTION or package.module:FUNCTION "
+                                      "(a function of no arguments returning the model)", per_rank=False, resume=MATCH)
+    dataset: str = opt("synthetic", help="one of: {datasets}; or your own, FILE.py:FUNCTION (returning (train, val) "
+                                         "datasets of (input, target) pairs; val may be None)", per_rank=False,
+                       resume=MATCH)
+    loss: str = opt("cross_entropy", help="cross_entropy (accuracy reported too), or your own FILE.py:FUNCTION, "
+                                          "(outputs, targets) -> scalar tensor", per_rank=False, resume=MATCH,
+                    frameworks=("torch",))
     data_dir: str | None = opt(None, help="imagefolder root holding train/ and val/ class folders", per_rank=True,
                                resume=FREE)
     epochs: int = opt(1, help="epochs to train", per_rank=False, resume=FREE, at_least=1)
@@ -125,7 +132,7 @@ class TrainConfig:
         if isinstance(self.amp, bool):  # --amp was a switch (checkpoints, result files, fit(amp=True))
             object.__setattr__(self, "amp", "fp16" if self.amp else "off")
         problems = options.range_problems(self)  # at_least / above, as declared
-        if self.dataset not in DATASETS:
+        if self.dataset not in DATASETS and not plugins.is_reference(self.dataset):
             problems.append(f"unknown dataset '{self.dataset}'; valid: {', '.join(DATASETS)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer '{self.optimizer}'; valid: {', '.join(OPTIMIZERS)}")
@@ -208,7 +215,19 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
 
 def config_from_args(framework: str, args: argparse.Namespace) -> TrainConfig:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in fields}
+    return config_from_values(framework, {k: v for k, v in vars(args).items() if k in fields})
+
+
+def config_from_values(framework: str, values: dict) -> TrainConfig:
+    """The configuration from option values by field name (the command line's, or fit()'s keyword
+    arguments: an option of another framework or no option at all is refused in one line)."""
+    known = set(options.flags(TrainConfig, framework)) - {"framework"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, 1)) else name
+                 for name in unknown]
+        raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} for hvdtrain.{framework}: {', '.join(hints)}")
+    values = {k: v for k, v in values.items() if v is not None or k not in recipes.OPTIONS}
     # The model's recipe fills what the command line left out.
     recipe = recipes.for_model(values.get("model", TrainConfig.model))
     given = tuple(k for k in recipes.OPTIONS if values.get(k) is not None)

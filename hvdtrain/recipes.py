@@ -34,13 +34,19 @@ IMAGENET = Recipe("imagenet", optimizer="sgd", base_lr=0.0125, lr_schedule="cosi
 SMALL_CNN = Recipe("small-cnn", optimizer="adam", base_lr=0.005, lr_schedule="cosine", warmup_epochs=0.0,
                    momentum=0.9, weight_decay=0.0)
 
+# A user's own model (--model FILE.py:FUNCTION, hvdtrain.torch.fit): nothing is known of it, so
+# what most training scripts start from: AdamW at 1e-3 per rank, constant, no weight decay.
+YOUR_MODEL = Recipe("your-model", optimizer="adamw", base_lr=0.001, lr_schedule="constant", warmup_epochs=0.0,
+                    momentum=0.9, weight_decay=0.0)
+
 MODEL_RECIPES = {"resnet50": IMAGENET, "resnet18": IMAGENET, "mnist_cnn": SMALL_CNN}
 OPTIONS = tuple(IMAGENET.options())  # the TrainConfig fields a recipe sets
 
 
 def for_model(model: str) -> Recipe:
-    # An unknown model is reported by the trainer's model check; its recipe does not matter.
-    return MODEL_RECIPES.get(model, IMAGENET)
+    # A reference (module:function) is the user's model; an unknown name is reported by the
+    # trainer's model check, and its recipe does not matter.
+    return MODEL_RECIPES.get(model, YOUR_MODEL if ":" in model else IMAGENET)
 
 
 def describe(cfg) -> str:

@@ -58,7 +58,8 @@ class StepPlan:
 def plan_steps(cfg: TrainConfig, train_size: int, val_size: int) -> StepPlan:
     """The step plan for cfg's ranks; too little data for them is a usage error, found alike on
     every rank before any collective."""
-    check_enough_samples(val_size, cfg.world_size, "the validation set")
+    if cfg.validates:
+        check_enough_samples(val_size, cfg.world_size, "the validation set")
     check_enough_samples(train_size, cfg.world_size, "the training set")
     per_rank, per_step = train_size // cfg.world_size, cfg.batch_size * cfg.batches_per_allreduce
     steps_per_epoch = per_rank // per_step  # drop_last: every rank runs as many steps
@@ -74,6 +75,8 @@ def plan_steps(cfg: TrainConfig, train_size: int, val_size: int) -> StepPlan:
 class EpochTrainer(abc.ABC):
     framework = "?"
     prog = "hvdtrain"
+    # False: the loss is the user's, and the steps' "correct" counts nothing (no accuracy reported).
+    reports_accuracy = True
     # What writes TensorBoard scalars (hvdtrain/report.py); None: torch's SummaryWriter.
     tensorboard_writer = None
 
@@ -412,6 +415,8 @@ class EpochTrainer(abc.ABC):
         at, steps_per_epoch = self.position, self.plan.steps_per_epoch
         epoch_done = at.step_in_epoch >= steps_per_epoch
         if not stopped_by:
+            if not self.reports_accuracy:  # a loss of the user's: the step's "correct" counted nothing
+                train_metrics = {**train_metrics, "train_acc": None}
             record = {"epoch": at.epoch + 1 if epoch_done else at.epoch + at.step_in_epoch / steps_per_epoch,
                       "global_step": at.global_step, **train_metrics, **val_metrics,
                       # Since this process's first step (a resumed run counts from its restart):
@@ -419,13 +424,16 @@ class EpochTrainer(abc.ABC):
                       "elapsed_s": time.monotonic() - (self.meter.first_step_at or time.monotonic())}
             self.position = self.position.recorded(record)
             rate = self.meter.images_per_sec or float("nan")
-            val = (f"val loss {val_metrics['val_loss']:.4f} acc {val_metrics['val_acc']:.4f} "
+            def acc(value):
+                return "" if value is None else f" acc {value:.4f}"
+            val = (f"val loss {val_metrics['val_loss']:.4f}{acc(val_metrics['val_acc'])} "
                    f"({val_metrics['val_count']} samples)" if val_metrics else "no validation")
-            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f} "
-                               f"acc {train_metrics['train_acc']:.4f} | {val} | {rate * self.world_size:.1f} img/s")
+            self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f}"
+                               f"{acc(train_metrics['train_acc'])} | {val} | {rate * self.world_size:.1f} img/s")
             if val_metrics:
                 self.reporter.scalars(at.global_step, {"val/loss": val_metrics["val_loss"],
-                                                         "val/acc": val_metrics["val_acc"]})
+                                                       **({"val/acc": val_metrics["val_acc"]}
+                                                          if val_metrics["val_acc"] is not None else {})})
         self._report_phases()
         if epoch_done:
             self.position = self.position.next_epoch()

@@ -8,7 +8,8 @@ Bad input is reported as one line naming the rank, with exit status 2, on every 
 """
 from __future__ import annotations
 
-from hvdtrain import cli
+from hvdtrain import cli, plugins
+from hvdtrain.errors import UsageError
 from hvdtrain.tf.models import MODELS, check_model_name
 
 PROG = "hvdtrain.tf"
@@ -23,5 +24,12 @@ def train(cfg) -> None:
     Trainer(cfg, keras).train()
 
 
+def check(cfg) -> None:
+    if plugins.is_reference(cfg.dataset):
+        raise UsageError(f"--dataset {cfg.dataset}: hvdtrain.tf trains its built-in datasets only "
+                         "(your own datasets: hvdtrain.torch)")
+    check_model_name(cfg.model)
+
+
 def main(argv=None) -> None:
-    cli.main("tf", MODELS, check_model_name, train, argv)
+    cli.main("tf", MODELS, train, argv, check=check)

@@ -1,1 +1,15 @@
-"""PyTorch trainer: `python -m hvdtrain.torch --help` (see hvdtrain/torch/train.py)."""
+"""hvdtrain for PyTorch: `hvdtrain.torch.fit(model, train_data, val_data, loss=..., **options)` for
+your own model and data (hvdtrain/torch/api.py), `python -m hvdtrain.torch --help` for the
+command line (hvdtrain/torch/train.py).
+
+Importing this package imports nothing more (its DataLoader workers import it too): `fit` is
+loaded when first used.
+"""
+
+
+def __getattr__(name):
+    if name == "fit":
+        from hvdtrain.torch.api import fit
+
+        return fit
+    raise AttributeError(f"module 'hvdtrain.torch' has no attribute '{name}'")

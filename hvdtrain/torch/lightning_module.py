@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 
 from hvdtrain.errors import UsageError
 
@@ -42,10 +41,11 @@ class TrainerModule(pl.LightningModule):
         if hv.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         out = self.model(x)
-        loss = F.cross_entropy(out, y)
+        loss = hv._loss(out, y)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(y))
         # On the device, as the other backends keep them: the meter reads them at log intervals.
-        stats = torch.stack((loss.detach().double() * len(y), (out.argmax(1) == y).sum().double(),
+        correct = (out.argmax(1) == y).sum().double() if hv.reports_accuracy else loss.new_zeros((), dtype=torch.float64)
+        stats = torch.stack((loss.detach().double() * len(y), correct,
                              torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)))
         return {"loss": loss, "stats": stats}
 
@@ -56,8 +56,9 @@ class TrainerModule(pl.LightningModule):
         out = self.model(x)
         # Sums, reduced over every rank by Lightning (sync_dist): exact over uneven shards, where
         # a mean of the ranks' means would not be.
-        for name, value in (("val_loss_sum", F.cross_entropy(out.float(), y, reduction="sum")),
-                            ("val_correct", (out.argmax(1) == y).sum().float()),
+        for name, value in (("val_loss_sum", self.hv._sample_losses(out, y).sum()),
+                            ("val_correct", (out.argmax(1) == y).sum().float() if self.hv.reports_accuracy
+                             else out.new_zeros(())),
                             ("val_count", torch.tensor(float(len(y)), device=out.device))):
             self.log(name, value, on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True, batch_size=len(y))
 
@@ -102,7 +103,8 @@ class WatchTrainer(pl.Callback):
         if "val_count" in m:
             count = float(m["val_count"])
             self.val_metrics = {"val_loss": float(m["val_loss_sum"]) / count,
-                                "val_acc": float(m["val_correct"]) / count, "val_count": int(count)}
+                                "val_acc": float(m["val_correct"]) / count if self.hv.reports_accuracy else None,
+                                "val_count": int(count)}
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.backend.threads_in_loop = torch.get_num_threads()  # recorded: what the steps really ran with

@@ -10,6 +10,7 @@ backend (Horovod; DDP, Accelerate or Lightning for comparison) is started once, 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -22,9 +23,10 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import data, device_settings
+from hvdtrain.torch import device_settings
 from hvdtrain.trainer import EpochTrainer
-from hvdtrain.torch.models import MODELS, build_model, check_model_name
+from hvdtrain.torch.models import MODELS
+from hvdtrain.torch.workload import TorchWorkload, from_config
 from hvdtrain.torch.phases import CudaPhaseClock
 from hvdtrain.torch.devices import rank_device
 
@@ -49,6 +51,12 @@ class Trainer(EpochTrainer):
     framework = "torch"
     prog = PROG
 
+    def __init__(self, cfg: TrainConfig, workload: TorchWorkload):
+        self.workload = workload  # what to train (hvdtrain/torch/workload.py): built-in or the user's
+        self.loss_fn = workload.loss or F.cross_entropy
+        self.reports_accuracy = workload.loss is None
+        super().__init__(cfg)
+
     def train(self) -> dict:
         # A backend that owns its loop (Lightning's Trainer.fit) runs it, fed by this trainer.
         return self.backend.fit(self) if self.backend.owns_loop else super().train()
@@ -70,13 +78,14 @@ class Trainer(EpochTrainer):
 
     def _build_data(self) -> tuple[int, int]:
         self.val_batches = None  # the validation loader, once _validate builds it
-        self.train_ds, self.val_ds, self.in_channels, self.num_classes, self.input_size = data.build_datasets(self.cfg)
-        return len(self.train_ds), len(self.val_ds)
+        self.train_ds, self.val_ds = self.workload.train_data, self.workload.val_data
+        self.num_classes = self.workload.num_classes
+        return len(self.train_ds), len(self.val_ds) if self.val_ds is not None else 0
 
     def _build_model(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, self.in_channels, self.num_classes, self.input_size).to(self.device)
+        model = self.workload.build_model().to(self.device)
         self.channels_last = device_settings.channels_last(cfg.channels_last, cfg.model, self.device, cfg.use_adasum)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -174,7 +183,7 @@ class Trainer(EpochTrainer):
                 with b.no_sync(self.model, self.optimizer, j == k - 1), \
                         device_settings.autocast(cfg.amp, self.device):
                     out = self.model(xc)
-                    loss = F.cross_entropy(out, yc)
+                    loss = self._loss(out, yc)
                 if j == 0:
                     # The last step's gradients are freed here, after the forward pass, as
                     # Lightning does, not before it: backward can then reuse their memory, and
@@ -190,8 +199,8 @@ class Trainer(EpochTrainer):
                 self._mark_compute_when_gradients_are_done(scaled)
                 b.backward(scaled)
                 meter.phase("sync")  # DDP: waiting for its last buckets' allreduce, inside backward()
-                stats += torch.stack((loss.detach().double() * len(yc), (out.argmax(1) == yc).sum().double(),
-                                      stats.new_tensor(len(yc))))
+                correct = (out.argmax(1) == yc).sum().double() if self.reports_accuracy else stats.new_zeros(())
+                stats += torch.stack((loss.detach().double() * len(yc), correct, stats.new_tensor(len(yc))))
             b.finish_gradients(self.optimizer)  # Horovod: wait for the allreduces backward started
             meter.phase("sync")
             b.step(self.optimizer, self.scaler)
@@ -200,6 +209,21 @@ class Trainer(EpochTrainer):
             if self.step_done(stats):
                 break
         return self.epoch_steps_done()
+
+    def _loss(self, outputs, targets):
+        loss = self.loss_fn(outputs, targets)
+        if not (torch.is_tensor(loss) and loss.ndim == 0):
+            what = f"a tensor of shape {tuple(loss.shape)}" if torch.is_tensor(loss) else f"a {type(loss).__name__}"
+            raise UsageError(f"--loss {self.cfg.loss} returned {what}, not a scalar tensor (reduce it, e.g. .mean())")
+        return loss
+
+    def _sample_losses(self, outputs, targets):
+        """Each validation sample's loss, summed and counted exactly over the ranks' shards
+        (Accelerate gathers them and drops its padding): the user's loss is called per sample."""
+        outputs = outputs.float()
+        if self.workload.loss is None:
+            return F.cross_entropy(outputs, targets, reduction="none")
+        return torch.stack([self._loss(outputs[i:i + 1], targets[i:i + 1]) for i in range(len(targets))])
 
     def _mark_compute_when_gradients_are_done(self, loss) -> None:
         """Mark the end of compute when autograd has computed the last gradient, which is before
@@ -229,12 +253,13 @@ class Trainer(EpochTrainer):
                 x = x.contiguous(memory_format=torch.channels_last)
             with device_settings.autocast(self.cfg.amp, self.device):
                 out = self.model(x)
-            losses, correct = b.gather_for_metrics((F.cross_entropy(out.float(), y, reduction="none"),
-                                                    out.argmax(1) == y))
+            correct = out.argmax(1) == y if self.reports_accuracy else torch.zeros_like(y, dtype=torch.bool)
+            losses, correct = b.gather_for_metrics((self._sample_losses(out, y), correct))
             sums += torch.stack((losses.double().sum(), correct.double().sum(), sums.new_tensor(len(losses))))
         total = b.validation_totals(sums.cpu().numpy())
         count = int(total[2])
-        return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count, "val_count": count}
+        return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count if self.reports_accuracy else None,
+                "val_count": count}
 
     # ------------------------------------------------------------------ checkpoints and results
     def _save_checkpoint(self):
@@ -257,5 +282,20 @@ class Trainer(EpochTrainer):
         self.reporter.info(f"checkpoint {path}")
 
 
+def prepared(cfg: TrainConfig, workload: TorchWorkload) -> TrainConfig:
+    """cfg for this workload: no validation pass when it has no validation set."""
+    if workload.val_data is None:
+        if cfg.validation == "on":
+            raise UsageError(f"--validation on, but --dataset {cfg.dataset} has no validation set")
+        cfg = dataclasses.replace(cfg, validation="off")
+    return cfg
+
+
+def run(cfg: TrainConfig, workload: TorchWorkload | None = None) -> dict:
+    """Train cfg's workload (or `workload`, fit's): the result."""
+    workload = workload or from_config(cfg)
+    return Trainer(prepared(cfg, workload), workload).train()
+
+
 def main(argv=None) -> None:
-    cli.main("torch", MODELS, check_model_name, lambda cfg: Trainer(cfg).train(), argv)
+    cli.main("torch", MODELS, lambda cfg: run(cfg), argv)

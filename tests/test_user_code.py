@@ -1,0 +1,69 @@
+"""A user's own model, data and loss (tests/scripts/user_regression.py: a regression with its own
+Dataset class, BatchNorm buffers, dropout and an MSE loss, none of the built-in workloads),
+through hvdtrain.torch.fit and through the command line's FILE.py:FUNCTION references, launched
+for real."""
+import json
+
+import pytest
+import torch
+
+from conftest import PYTHON, REPO, launch
+
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
+SCRIPT = f"{REPO}/tests/scripts/user_regression.py"
+PLUGINS = ["--model", f"{SCRIPT}:build_model", "--dataset", f"{SCRIPT}:datasets", "--loss", f"{SCRIPT}:mse",
+           "--batch-size", "16", "--base-lr", "0.005", "--threads-per-rank", "1", "--num-workers", "1", "--log-interval", "4"]
+
+
+def fit(tmp_path, name, **options):
+    result = tmp_path / f"{name}.json"
+    launch("mpirun", 2, [PYTHON, SCRIPT, json.dumps({**options, "result_json": str(result)})], timeout=180)
+    return json.loads(result.read_text())
+
+
+def assert_learned(result):
+    first, last = result["history"][0], result["history"][-1]
+    # The target's variance is about 1: a model that learned nothing stays near it.
+    assert last["val_loss"] < 0.1 < first["train_loss"], result["history"]
+    assert last["train_acc"] is None and last["val_acc"] is None and last["val_count"] == 128
+    assert len({r["param_checksum"] for r in result["ranks"]}) == 1, result["ranks"]
+
+
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
+def test_fit_trains_a_users_model_data_and_loss(tmp_path, backend):
+    result = fit(tmp_path, backend, backend=backend, epochs=4, batch_size=16, base_lr=0.005, threads_per_rank=1)
+    assert_learned(result)
+    assert result["backend"] == backend and result["world_size"] == 2
+    assert result["config"]["model"] == "torch.nn.modules.container:Sequential"
+    assert result["config"]["dataset"] == "__main__:Regression" and result["config"]["loss"] == "__main__:mse"
+    assert result["config"]["recipe"] == "your-model" and result["config"]["optimizer"] == "adamw"
+
+
+def _weights(ckpt_dir):
+    from hvdtrain.checkpoint import latest_checkpoint
+
+    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
+
+
+def test_references_on_the_command_line_resume_to_the_uninterrupted_weights(tmp_path):
+    def run(name, *extra):
+        result = tmp_path / f"{name}.json"
+        launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.torch", *PLUGINS, "--epochs", "3", *extra,
+                             "--result-json", str(result)], timeout=180)
+        return json.loads(result.read_text())
+
+    whole = run("whole", "--checkpoint-dir", str(tmp_path / "whole"))
+    assert whole["history"][-1]["val_loss"] < whole["history"][0]["train_loss"], whole["history"]
+    # Stopped in the middle of epoch 2 (16 steps an epoch), then resumed to the end.
+    run("part", "--checkpoint-dir", str(tmp_path / "part"), "--steps", "21")
+    resumed = run("rest", "--checkpoint-dir", str(tmp_path / "part"))
+    assert resumed["history"][-1]["epoch"] == 3 and resumed["config"]["loss"] == f"{SCRIPT}:mse"
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "part")
+    assert a.keys() == b.keys() and any("running_mean" in k for k in a)
+    for key in a:
+        # The BatchNorm statistics are averaged over the ranks at each checkpoint, the extra one
+        # too: equal up to float rounding (an average is linear in what it averages).
+        diff = (a[key].double() - b[key].double()).abs().max().item()
+        assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
+    assert len({r["param_checksum"] for r in resumed["ranks"]}) == 1
