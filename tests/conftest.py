@@ -76,6 +76,10 @@ def launch(launcher: str, np: int, argv: list[str], timeout: float, env: dict | 
 ERROR_LINE = re.compile(r"(?P<prog>hvdtrain\.\w+): error \[rank (?P<rank>\d+)/(?P<size>\d+)\]: (?P<message>.*)")
 
 
+# An error line at the start of a line, after mpirun's, horovodrun's or srun's tag if any.
+LINE_START = re.compile(r"^(\[[\d,]+\]<std(out|err)>:|\d+: )?hvdtrain\.\w+: error \[rank \d+/\d+\]: ")
+
+
 def error_lines(output: str) -> list[re.Match]:
     """The one-line errors in a launch's output (launcher tags such as `[1,0]<stderr>:` or `0: `
     before them are allowed)."""
@@ -91,6 +95,10 @@ def assert_job_failed_with(run: "Launch", message: str, np: int) -> list[re.Matc
     for m in lines:
         assert int(m["size"]) == np and 0 <= int(m["rank"]) < np, m.group(0)
         assert message in m["message"], f"'{message}' not in: {m.group(0)}\n{run.output[-3000:]}"
+    # The one line a user must read starts a line (after the launcher's tag), never glued to the
+    # end of a progress bar's line ("...loss=1.2e+30]hvdtrain.torch: error ...").
+    assert any(LINE_START.match(line) for line in run.output.splitlines()), \
+        f"no error line starts a line of its own:\n{run.output[-3000:]}"
     # horovodrun reports a failed rank with a traceback of its own (RuntimeError in
     # horovod/runner): only the ranks' output (tagged "[rank]<stderr>:") must have none.
     launcher_traceback = "horovodrun" in run.command[0] and "horovod/runner/gloo_run.py" in run.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +116,11 @@ class Trainer(EpochTrainer):
         # is a new optimizer object and would drop the state of the one it wraps.
         self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
         self.scaler = device_settings.grad_scaler(cfg.amp, self.device)
+        if self.scaler is not None:
+            # GradScaler skips the optimizer step of a step whose gradients overflowed (the first
+            # ones, while it finds its scale), and torch then warns that the LR schedule stepped
+            # without it: expected, and the schedule is a function of the step anyway.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
         if saved is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
         # Not the checkpoint's scheduler: it (and the optimizer's initial_lr) carries the LR of
