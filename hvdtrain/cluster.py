@@ -2,6 +2,8 @@
 
 Every part of hvdtrain that needs rank, node list or job id asks `ClusterEnv.from_environ()`:
 SLURM (`srun`), OpenMPI (`mpirun`), Horovod's launcher (`horovodrun`) and torchrun are known.
+One exception: the rank that an error line names is read by hvdtrain/errors.py's `rank_label`
+in the same launcher order, as this module raises its `UsageError`.
 
     python -c "from hvdtrain.cluster import ClusterEnv; print(ClusterEnv.from_environ())"
 """
@@ -61,6 +63,7 @@ class ClusterEnv:
         job_id = e.get("SLURM_JOB_ID")
         # Under srun the SLURM_* task variables are per task; under mpirun inside an
         # allocation only the job-level ones exist, so check the launcher's own first.
+        # errors.rank_label reads rank and size in this same order: change both together.
         if "OMPI_COMM_WORLD_RANK" in e:
             world = int(e["OMPI_COMM_WORLD_SIZE"])
             local_world = _int(e, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)

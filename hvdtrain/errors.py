@@ -23,14 +23,23 @@ class UsageError(Exception):
     """Bad input: reported as one clear line, never as a traceback."""
 
 
-def rank_label() -> str:
-    from hvdtrain.cluster import ClusterEnv
-
-    try:
-        env = ClusterEnv.from_environ()
-    except UsageError:  # the launcher's variables are the problem being reported
-        return f"rank {os.environ.get('SLURM_PROCID', '?')}/{os.environ.get('SLURM_NTASKS', '?')}"
-    return f"rank {env.rank}/{env.world_size}"
+def rank_label(environ=None) -> str:
+    """'rank R/N' from the launcher's variables, found in ClusterEnv.from_environ's order
+    (hvdtrain/cluster.py): read here, not through ClusterEnv, because cluster.py raises
+    UsageError (an import cycle), and because reporting an error must not fail on the variables
+    that may be the error (ClusterEnv also parses Slurm's task and node lists)."""
+    e = os.environ if environ is None else environ
+    if "OMPI_COMM_WORLD_RANK" in e:
+        rank, size = e["OMPI_COMM_WORLD_RANK"], e.get("OMPI_COMM_WORLD_SIZE")
+    elif "HOROVOD_RANK" in e:
+        rank, size = e["HOROVOD_RANK"], e.get("HOROVOD_SIZE")
+    elif "SLURM_PROCID" in e and "SLURM_STEP_ID" in e:
+        rank, size = e["SLURM_PROCID"], e.get("SLURM_STEP_NUM_TASKS") or e.get("SLURM_NTASKS") or "1"
+    elif "RANK" in e and "WORLD_SIZE" in e:
+        rank, size = e["RANK"], e["WORLD_SIZE"]
+    else:
+        rank, size = "0", "1"
+    return f"rank {rank or '?'}/{size or '?'}"
 
 
 def report_and_exit(err: BaseException, prog: str) -> None:

@@ -35,10 +35,10 @@ from multiprocessing import forkserver, resource_tracker
 from hvdtrain.runtime import StopRequest
 
 STOP_SIGNALS = StopRequest.SIGNALS  # what the rank handles, workers must not die of
-_PRELOAD = "hvdtrain.torch.worker_server"  # imported by the forkserver alone: see serve_from_here
+_PRELOAD = "hvdtrain.torch.worker_server"  # imported by the forkserver alone: it sets SERVER_PID
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-# Set in the forkserver (and so in every worker it forks) by serve_from_here.
+# Set in the forkserver (and so in every worker it forks) by hvdtrain/torch/worker_server.py.
 SERVER_PID: int | None = None
 
 
@@ -61,20 +61,6 @@ def worker_context():
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return context
-
-
-def serve_from_here() -> None:
-    """Runs once, in the forkserver, when it imports its preload: die with the rank, and import
-    what every worker needs, so that workers fork with it already loaded."""
-    global SERVER_PID
-    die_with_parent()
-    SERVER_PID = os.getpid()
-    import hvdtrain.torch.data  # noqa: F401  torch and the datasets' classes
-    try:
-        import torchvision.datasets  # noqa: F401  image folders unpickle into these
-        import torchvision.transforms  # noqa: F401
-    except ImportError:
-        pass
 
 
 def init_worker(worker_id: int) -> None:

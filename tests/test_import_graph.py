@@ -1,0 +1,162 @@
+"""hvdtrain's modules import one another without a cycle (fast tier: reads the source, imports
+nothing).
+
+    pytest tests/test_import_graph.py
+
+The graph is built with `ast` from every `import hvdtrain...` and `from hvdtrain... import ...`
+in hvdtrain/, wherever it stands: at the top of a module or inside a function (a lazy import
+still makes the two modules depend on each other; it only hides the cycle until that function
+runs). `from hvdtrain.pkg import name` depends on the module hvdtrain.pkg.name where there is
+one, else on the package hvdtrain.pkg. Importing a submodule also runs its packages' __init__,
+but ours import nothing of their own at import time (hvdtrain/torch/__init__.py's `fit` is
+loaded on first use, and that lazy import is an edge like any other), so no edge is added for it.
+"""
+from __future__ import annotations
+
+import ast
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "hvdtrain"
+
+
+def module_files(root: str = REPO) -> dict[str, str]:
+    """{module name: path} for every .py file under hvdtrain/ (a package is its __init__)."""
+    modules = {}
+    for directory, _, files in os.walk(os.path.join(root, PACKAGE)):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                parts = os.path.relpath(path, root)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(path: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The hvdtrain modules that `module` (at `path`) imports anywhere in its source."""
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the importing module's own package, up level-1
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.add(submodule if submodule in known else base)
+    # `import hvdtrain.a.b` names the module itself; keep only ours, never the module itself.
+    return {name for name in found if name in known and name != module}
+
+
+def import_graph(root: str = REPO) -> dict[str, set[str]]:
+    files = module_files(root)
+    known = set(files)
+    return {module: imported_modules(path, module, path.endswith("__init__.py"), known)
+            for module, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan), each as a
+    path that starts and ends at its alphabetically first module, e.g. [a, b, a]."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:  # recursion depth is bounded by the number of modules (~70)
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(_cycle_through(graph, component) for component in components)
+
+
+def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """The shortest cycle from the component's first module back to itself (breadth first)."""
+    start = min(component)
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & component):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(parents[path[-1]])
+                    return path[::-1] + [start]
+                if nxt not in parents:
+                    parents[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")
+
+
+def test_hvdtrain_has_no_import_cycle():
+    found = cycles(import_graph())
+    assert not found, "import cycles in hvdtrain (break each: move what both need into a module both import):\n" \
+        + "\n".join("  " + " -> ".join(cycle) for cycle in found)
+
+
+def test_the_graph_sees_lazy_and_relative_imports_and_finds_a_cycle(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from hvdtrain.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def late():\n    from .. import c\n")
+    (pkg / "c.py").write_text("import os\nimport hvdtrain.a\n")
+    (pkg / "d.py").write_text("from hvdtrain.a import something\n")
+    graph = import_graph(str(tmp_path))
+    assert graph["hvdtrain.a"] == {"hvdtrain.sub.b"}
+    assert graph["hvdtrain.sub.b"] == {"hvdtrain.c"}
+    assert graph["hvdtrain.d"] == {"hvdtrain.a"}
+    assert cycles(graph) == [["hvdtrain.a", "hvdtrain.sub.b", "hvdtrain.c", "hvdtrain.a"]]
+
+
+def test_the_error_lines_rank_is_cluster_envs():
+    """errors.rank_label reads the launcher's variables itself (cluster.py imports errors):
+    under every launcher it names the rank and size ClusterEnv finds."""
+    from hvdtrain.cluster import ClusterEnv
+    from hvdtrain.errors import rank_label
+
+    slurm = {"SLURM_PROCID": "3", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "4",
+             "SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NUM_NODES": "2",
+             "SLURM_NODEID": "1"}
+    environments = [
+        {},
+        {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", **slurm},  # mpirun in an allocation
+        {"HOROVOD_RANK": "2", "HOROVOD_SIZE": "5", "RANK": "0", "WORLD_SIZE": "1"},
+        slurm,
+        {**slurm, "SLURM_STEP_NUM_TASKS": ""},
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "RANK": "1", "WORLD_SIZE": "3"},  # salloc shell
+        {"RANK": "1", "WORLD_SIZE": "3"},
+    ]
+    for environ in environments:
+        env = ClusterEnv.from_environ(environ)
+        assert rank_label(environ) == f"rank {env.rank}/{env.world_size}", environ
