@@ -73,7 +73,7 @@ _TF_COMMON = (
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("torch", "horovod", "hvdtrain.torch.backend_horovod", "HorovodBackend", "horovod-torch",
-            "Horovod: DistributedOptimizer, broadcast from rank 0",
+            "the default: Horovod's DistributedOptimizer, rank 0's state broadcast",
             refusals=(
                 # Adasum's optimizer applies each update inside backward, before GradScaler can
                 # unscale the gradients (about 65536 x too large) or skip a step that overflowed.
@@ -105,7 +105,7 @@ BACKENDS: tuple[Backend, ...] = (
                               "--backend horovod or ddp)")),
             parity_with="ddp"),
     Backend("tf", "horovod", "hvdtrain.tf.backend_horovod", "HorovodBackend", "horovod-tf",
-            "Horovod: DistributedGradientTape / DistributedOptimizer, broadcast from rank 0",
+            "the default: Horovod's DistributedGradientTape / DistributedOptimizer, rank 0's state broadcast",
             refusals=_TF_COMMON + (
                 Refusal(lambda cfg: cfg.use_adasum and cfg.fp16_allreduce,
                         "--use-adasum with --fp16-allreduce is not supported by Horovod-TF"),),

@@ -132,7 +132,8 @@ def parse_args(argv=None):
     p.add_argument("--scaling", choices=("weak", "strong"), default="weak",
                    help="weak: per-rank batch fixed; strong: the smallest size's global batch and LR at every size")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from: " + ", ".join(BACKENDS))
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each backend and size; the report gives their median and spread")
     p.add_argument("--threads-per-rank", type=int, default=1,
                    help="fixed for every backend and rank count (on this host; a Slurm job uses its cpus per task)")
     p.add_argument("--launcher", default="auto", choices=("auto", "mpirun", "srun", "torchrun"),
@@ -145,8 +146,10 @@ def parse_args(argv=None):
     p.add_argument("--poll", type=float, default=30, help="seconds between two looks at the queue (--wait)")
     p.add_argument("--wait-limit", type=float, default=24 * 3600, help="seconds --wait waits at most")
     p.add_argument("--parity-steps", type=int, default=10, help="steps whose losses must agree within a pair")
-    p.add_argument("--loss-tolerance", type=float, default=1e-3)
-    p.add_argument("--accuracy-tolerance", type=float, default=0.01)
+    p.add_argument("--loss-tolerance", type=float, default=1e-3,
+                   help="largest relative difference of a pair's losses over --parity-steps (parity)")
+    p.add_argument("--accuracy-tolerance", type=float, default=0.01,
+                   help="largest difference of final validation accuracy between the backends (accuracy workloads)")
     p.add_argument("--out", help="the directory of the runs and the report (required unless --collect)")
     args = p.parse_args(ours)
     if generator_args and not args.nodes:

@@ -94,7 +94,9 @@ class TrainConfig:
     log_interval: int = opt(10, help="steps between progress reductions", per_rank=False, resume=FREE, at_least=1)
     result_json: str | None = opt(None, help="write config, throughput, metrics and checksums here", per_rank=True,
                                   resume=FREE)
-    warmup_steps: int = opt(2, help="steps excluded from throughput", per_rank=False, resume=FREE, at_least=0)
+    warmup_steps: int = opt(2, help="steps run before the throughput clock starts, and left out of it (caches, "
+                                    "cuDNN's autotuning; not the LR warm-up, which is --warmup-epochs)",
+                            per_rank=False, resume=FREE, at_least=0)
     validation: str = opt("auto", help="a validation pass after each epoch (auto: yes, except on synthetic data, "
                                        "whose random labels make validation loss and accuracy meaningless)",
                           per_rank=False, resume=FREE, choices=("auto", "on", "off"))
@@ -180,9 +182,33 @@ class TrainConfig:
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    # Options whose default comes from the model's recipe say so instead of "(default: None)".
+    # Options whose default comes from the model's recipe say so instead of "(default: None)";
+    # others without a value say "(default: none)".
     def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
+        if action.default is None:
+            return action.help if "default:" in (action.help or "") else f"{action.help} (default: none)"
+        return super()._get_help_string(action)
+
+
+# The command line's option groups, in the order --help shows them (every flag in one: tested).
+OPTION_GROUPS = {
+    "model and data": ("model", "dataset", "loss", "data_dir", "image_size", "synthetic_size", "validation",
+                       "num_workers"),
+    "optimisation": ("epochs", "steps", "batch_size", "batches_per_allreduce", "base_lr", "warmup_epochs",
+                     "lr_schedule", "optimizer", "momentum", "weight_decay", "seed", "loop"),
+    "checkpoints and resume": ("checkpoint_dir", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
+    "reliability": ("watchdog_seconds", "divergence_factor"),
+    "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),
+    "performance tuning": ("amp", "channels_last", "threads_per_rank", "fp16_allreduce", "use_adasum",
+                           "horovod_tuning", "cycle_time_ms", "mpi_yield"),
+    "backend": ("backend",),
+}
+
+LAUNCH_EXAMPLES = """Run it on every rank, under a launcher (one process without one):
+  srun python -m hvdtrain.{fw} --model resnet50 --dataset imagefolder --data-dir $DATA   (in an sbatch script)
+  mpirun -np 4 python -m hvdtrain.{fw} --model mnist_cnn --dataset digits --epochs 8
+  horovodrun -np 4 -H localhost:4 --gloo python -m hvdtrain.{fw} --model resnet18 --dataset synthetic
+"""
 
 
 def build_parser(framework: str, models: list[str], prog: str) -> argparse.ArgumentParser:
@@ -190,9 +216,13 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
     in field order. Recipe options default to None, which the model's recipe fills."""
     recipes_text = "; ".join(f"{m}: {r.name} ({', '.join(f'{k} {v}' for k, v in r.options().items())})"
                              for m, r in recipes.MODEL_RECIPES.items())
-    p = argparse.ArgumentParser(prog=prog, description=f"Horovod data-parallel training ({framework}).",
+    p = argparse.ArgumentParser(prog=prog, description=f"Data-parallel training ({framework}) with Horovod (or, for "
+                                                       f"comparison, the other --backend choices).",
                                 formatter_class=_HelpFormatter,
-                                epilog=f"Recipes, the defaults per model (hvdtrain/recipes.py): {recipes_text}.")
+                                epilog=LAUNCH_EXAMPLES.format(fw=framework) +
+                                f"\nRecipes, the defaults per model (hvdtrain/recipes.py): {recipes_text}.")
+    groups = {name: p.add_argument_group(name) for name in OPTION_GROUPS}
+    group_of = {field: groups[name] for name, fields in OPTION_GROUPS.items() for field in fields}
     words = {"models": ", ".join(models), "datasets": ", ".join(DATASETS),
              "backends": "; ".join(f"{b.name}: {b.summary}" for b in backends.BACKENDS if b.framework == framework)}
     for field in dataclasses.fields(TrainConfig):
@@ -203,13 +233,17 @@ def build_parser(framework: str, models: list[str], prog: str) -> argparse.Argum
         if field.name in recipes.OPTIONS:
             help_text += " (default: the model's recipe, below)"
         kind = options.value_type(TrainConfig, field.name)
+        group = group_of[field.name]
         if kind is bool:
-            p.add_argument(options.flag(field.name), action="store_true", help=help_text)
+            group.add_argument(*options.flag_spellings(field.name), dest=field.name, action="store_true",
+                               help=help_text)
             continue
-        p.add_argument(options.flag(field.name), type=None if kind is str else kind,
+        choices = o.choices(framework) if callable(o.choices) else o.choices
+        group.add_argument(*options.flag_spellings(field.name), dest=field.name, type=None if kind is str else kind,
+                           metavar=None if choices else options.flag(field.name)[2:].upper().replace("-", "_"),
                        default=None if field.name in recipes.OPTIONS else field.default,
                        **({"nargs": "?", "const": o.const} if o.const is not None else {}),
-                       choices=o.choices(framework) if callable(o.choices) else o.choices, help=help_text)
+                       choices=choices, help=help_text)
     return p
 
 

@@ -55,7 +55,8 @@ LAUNCHER_INTERNAL = tuple(f"OMPI_MCA_{p}" for p in (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--framework", choices=("auto", "torch", "tf"), default="auto",
                    help="whose Horovod ops run the checks (auto: torch if its ops load, else tf)")
     p.add_argument("--small-kib", type=int, default=64, help="small allreduce message (KiB)")

@@ -73,8 +73,19 @@ def declared(cls):
     return cls
 
 
+# Flags whose name is not their field's: the first is the flag, the others its old spellings,
+# still accepted. --warmup-steps read as the LR warm-up (--warmup-epochs); these steps are only
+# left out of the throughput clock.
+RENAMED = {"warmup_steps": ("--untimed-steps", "--warmup-steps")}
+
+
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return RENAMED[name][0] if name in RENAMED else "--" + name.replace("_", "-")
+
+
+def flag_spellings(name: str) -> tuple[str, ...]:
+    """The flag of a field and its old spellings."""
+    return RENAMED.get(name, (flag(name),))
 
 
 @functools.cache

@@ -96,11 +96,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
                 epilog="Trainer options go after `--`. Presets: " + "; ".join(
                     f"{name}: {pr.note}" for name, pr in PRESETS.items()))
     p.add_argument("--preset", choices=sorted(PRESETS), help="a site's node shape and rules")
-    p.add_argument("--framework", choices=("torch", "tf"), default="torch")
+    p.add_argument("--framework", choices=("torch", "tf"), default="torch",
+                   help="the trainer the job runs: python -m hvdtrain.torch or hvdtrain.tf (default: torch)")
     p.add_argument("--doctor", action="store_true",
                    help="a short job that checks the stack on these nodes (python -m hvdtrain.doctor) "
                         "instead of training; options after `--` go to the doctor")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=1, help="nodes of the job (default: 1)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs to use per node (default: the preset's node, else 1)")
     p.add_argument("--tasks-per-node", type=int, help="ranks per node (default: one per GPU; 1 with --cpu-only)")
     p.add_argument("--cpus-per-task", type=int, help="cores per rank (default: the preset's cores per GPU)")
@@ -110,10 +111,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--time", default="01:00:00", help="time limit, in a Slurm --time format")
     p.add_argument("--signal-lead", type=int, default=300,
                    help="seconds before the time limit at which every task gets SIGUSR1 (checkpoint + requeue)")
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--reservation")
-    p.add_argument("--qos")
+    p.add_argument("--partition", help="sbatch --partition (default: the preset's, else the site's default)")
+    p.add_argument("--account", help="sbatch --account: the project the hours are charged to")
+    p.add_argument("--reservation", help="sbatch --reservation, e.g. a course's")
+    p.add_argument("--qos", help="sbatch --qos, e.g. a site's development or long queue")
     p.add_argument("--job-name", help="default: hvdtrain-<framework>")
     p.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
                    help="an extra #SBATCH line, e.g. --constraint=v100-32g (repeatable)")

@@ -7,7 +7,7 @@ import pytest
 
 from hvdtrain import backends, options
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.config import TrainConfig, build_parser
+from hvdtrain.config import OPTION_GROUPS, TrainConfig, build_parser
 from hvdtrain.errors import UsageError
 from hvdtrain.options import MATCH, Option, declared, opt
 
@@ -39,10 +39,14 @@ def test_the_command_line_is_the_declared_flags(framework):
     parser = build_parser(framework, ["resnet50", "mnist_cnn"], "prog")
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
     declared_flags = [f for f in FIELDS if options.option(f).flag and framework in options.option(f).frameworks]
-    assert list(actions) == [f.name for f in declared_flags]  # in field order
+    assert set(actions) == {f.name for f in declared_flags}  # (shown in groups, OPTION_GROUPS)
+    grouped = [name for names in OPTION_GROUPS.values() for name in names]
+    assert len(grouped) == len(set(grouped)) and set(actions) <= set(grouped)  # each in one group
     for field in declared_flags:
         o, action = options.option(field), actions[field.name]
-        assert action.option_strings == ["--" + field.name.replace("_", "-")]
+        renamed = {"warmup_steps": ["--untimed-steps", "--warmup-steps"]}  # the old spelling still works
+        assert action.option_strings == renamed.get(field.name, ["--" + field.name.replace("_", "-")])
+        assert action.help and "default" in parser.formatter_class("p")._get_help_string(action), field.name
         expected = o.choices(framework) if callable(o.choices) else o.choices
         assert (list(action.choices) if action.choices else None) == (list(expected) if expected else None)
         recipe_option = field.name in ("base_lr", "warmup_epochs", "lr_schedule", "optimizer", "momentum",
