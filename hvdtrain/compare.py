@@ -126,12 +126,16 @@ def parse_args(argv=None):
     what.add_argument("--train-args", metavar="'OPTIONS'",
                       help="your own trainer options instead of a workload, in one quoted string")
     what.add_argument("--collect", metavar="DIR", help="write a study's report from its jobs' result files (again)")
+    own = p.add_argument_group("your own model (torch backends; --train-args adds the other trainer options)")
+    for part, example in (("model", "my_net.py:build"), ("dataset", "my_data.py:datasets"), ("loss", "my_loss.py:loss")):
+        own.add_argument(f"--{part}", metavar="REF", help=f"as the trainer's --{part}, e.g. {example}")
     p.add_argument("--np", default="1,2", help="comma-separated rank counts (on this host, or in this allocation)")
     p.add_argument("--nodes", help="comma-separated node counts: a scaling study, one Slurm job per backend and "
                                    "size (without sbatch here: that many ranks per node on this host)")
     p.add_argument("--scaling", choices=("weak", "strong"), default="weak",
                    help="weak: per-rank batch fixed; strong: the smallest size's global batch and LR at every size")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from: " + ", ".join(BACKENDS))
+    p.add_argument("--backends", help="comma-separated, from: " + ", ".join(BACKENDS) + " (default: all; the torch "
+                                      "ones for your own --model)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each backend and size; the report gives their median and spread")
     p.add_argument("--threads-per-rank", type=int, default=1,
@@ -156,8 +160,14 @@ def parse_args(argv=None):
         p.error("options after `--` are hvdtrain.slurm's, for a scaling study (--nodes)")
     if not args.collect and not args.out:
         p.error("--out is required")
-    if not (args.collect or args.workload or args.train_args):
-        p.error("one of --workload, --train-args or --collect is required")
+    args.own = [arg for part in ("model", "dataset", "loss") if getattr(args, part)
+                for arg in (f"--{part}", getattr(args, part))]
+    if args.own and (args.workload or args.collect):
+        p.error("--model, --dataset and --loss are a workload of your own: not with --workload or --collect")
+    if not (args.collect or args.workload or args.train_args or args.own):
+        p.error("one of --workload, --train-args, --model or --collect is required")
+    if args.backends is None:
+        args.backends = ",".join(label for label, b in BACKENDS.items() if not args.own or b.framework == "torch")
     args.generator_args = generator_args
     return args
 
@@ -193,7 +203,8 @@ def main(argv=None) -> None:
         if args.collect:
             report, status = study.collect(args.collect)
             sys.exit(study.print_report(args.collect, status))
-        workload = get_workload(args.workload) if args.workload else custom_workload(shlex.split(args.train_args))
+        workload = get_workload(args.workload) if args.workload else \
+            custom_workload(args.own + shlex.split(args.train_args or ""))
         backends = [b.strip() for b in args.backends.split(",") if b.strip()]
         unknown = [b for b in backends if b not in BACKENDS]
         if unknown:

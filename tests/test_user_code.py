@@ -67,3 +67,16 @@ def test_references_on_the_command_line_resume_to_the_uninterrupted_weights(tmp_
         diff = (a[key].double() - b[key].double()).abs().max().item()
         assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
     assert len({r["param_checksum"] for r in resumed["ranks"]}) == 1
+
+
+def test_the_comparison_runs_a_users_model_under_the_torch_backends(tmp_path):
+    out = tmp_path / "compare"
+    run = launch("single", 1, [PYTHON, "-m", "hvdtrain.compare", "--model", f"{SCRIPT}:build_model",
+                               "--dataset", f"{SCRIPT}:datasets", "--loss", f"{SCRIPT}:mse", "--train-args",
+                               "--epochs 1 --batch-size 16 --log-interval 1", "--backends", "horovod-torch,ddp",
+                               "--np", "2", "--out", str(out)], timeout=240)
+    report = json.loads((out / "compare.json").read_text())
+    assert report["workload"]["given_args"][:2] == ["--model", f"{SCRIPT}:build_model"], report["workload"]
+    [check] = report["parity"]["checks"]
+    assert check["pair"] == ["horovod-torch", "ddp"] and check["ok"] and check["steps_compared"] == 10, check
+    assert all(m["total_images_per_sec"] > 0 for m in report["measurements"]), run.output[-2000:]
