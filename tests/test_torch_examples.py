@@ -1,4 +1,5 @@
 """torch_examples/ run for real on 2 ranks and reach what their docstrings promise."""
+import json
 import os
 import re
 
@@ -36,3 +37,13 @@ def test_synthetic_benchmark_reports_every_rank():
     assert len(rates) == 2 and all(r > 0 for r in rates), out[-2000:]
     total = float(re.search(r"total: ([0-9.]+) img/s on 2 rank", out).group(1))
     assert abs(total - sum(rates)) < 0.2
+
+
+def test_mnist_fit_reaches_95_percent_with_equal_ranks(tmp_path):
+    result = tmp_path / "r.json"
+    out = launch("mpirun", 2, [PYTHON, os.path.join(EXAMPLES, "mnist_fit.py"),
+                               json.dumps({"result_json": str(result)})], timeout=240).output
+    final = json.loads(result.read_text())
+    assert final["final"]["val_acc"] >= 0.95 and final["final"]["val_count"] == 397, final["history"]
+    assert len({r["param_checksum"] for r in final["ranks"]}) == 1
+    assert f"final val accuracy: {final['final']['val_acc']:.4f} over 397 samples" in out
