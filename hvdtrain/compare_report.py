@@ -115,7 +115,7 @@ def _state_of(runs: list[dict]) -> str:
     return "failed" if "failed" in states else states[0]
 
 
-# Overheads against plain DDP that the seeds state, shown beside the measured ones.
+# Overheads against plain DDP that the IDRIS/JSC course material states, shown beside the measured ones.
 STATED_OVERHEADS = {
     "lightning": (0.05, "the Jean Zay page (IDRIS): Lightning over DDP costs \"of the order of 5 %\" of time in the "
                         "best case (their GPU runs)"),

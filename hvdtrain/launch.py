@@ -35,7 +35,7 @@ def launch_command(launcher: str, np: int, tag_output: bool = False, time_limit_
     if launcher == "horovodrun":
         return ["horovodrun", "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
     if launcher == "torchrun":
-        # One node, as the seeds' torchrun talk does; --no-python: the command that follows names
+        # One node, as the IDRIS/JSC course material's torchrun example does; --no-python: the command that follows names
         # its interpreter, as after every other launcher here.
         return ["torchrun", "--standalone", "--nproc-per-node", str(np), "--no-python"]
     if launcher == "single":

@@ -20,7 +20,7 @@
 #             channels-last settings of that run), ddp (--backend ddp), resume (one more epoch
 #             from the Horovod run's checkpoint), plain-2 (the plain loop again, if time is left:
 #             the reference is the mean of both), doctor (python -m hvdtrain.doctor).
-# OUT then holds three files, well within what a lent machine hands back (8 files of 16 MiB):
+# OUT then holds three files, well within what the GPU machine's runner hands back (8 files of 16 MiB):
 #   gpu-check.md (img/s of each run, ratios to the plain loop, settings, stages), gpu-check.json
 #   (the same figures) and gpu-check-logs.tar.gz (every log). Checkpoints, the venv and the
 #   build stay in GPU_CHECK_WORK (default /tmp/hvdtrain-gpu-check), outside OUT.
@@ -110,7 +110,7 @@ stage() {
 }
 
 # ---------------------------------------------------------------- env
-# A venv over the machine's Python. That Python may itself be a venv (the lent GPU machine's
+# A venv over the machine's Python. That Python may itself be a venv (the GPU machine's
 # python3 is /opt/torch/.venv's): `venv --system-site-packages` would then see the *base*
 # interpreter's packages, not that venv's torch. A .pth file runs site.addsitedir() on each
 # site-packages directory of the machine's Python instead (their own .pth files included), after

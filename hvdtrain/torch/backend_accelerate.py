@@ -1,5 +1,5 @@
 """Hugging Face Accelerate for the torch trainer, beside Horovod and DDP for comparison
-(`python -m hvdtrain.compare --backends ddp,accelerate`), written as the seeds' tutorial does:
+(`python -m hvdtrain.compare --backends ddp,accelerate`), written as the IDRIS/JSC course material's tutorial does:
 an `Accelerator`, `prepare` of the model, the optimizer and the data loaders,
 `accelerator.backward(loss)`, `gather_for_metrics` for evaluation.
 

@@ -1,5 +1,5 @@
 """PyTorch Lightning for the torch trainer, beside Horovod, DDP and Accelerate for comparison
-(`python -m hvdtrain.compare --backends ddp,lightning`), written as the seeds' Jean Zay page does:
+(`python -m hvdtrain.compare --backends ddp,lightning`), written as IDRIS's Jean Zay page does:
 a `LightningModule` around the model, `pl.Trainer(strategy="ddp")`, metrics logged with
 `sync_dist=True`, and Lightning's own cluster detection (SLURMEnvironment under srun, which wants
 `--ntasks-per-node`; MPIEnvironment under mpirun; TorchElasticEnvironment under torchrun).

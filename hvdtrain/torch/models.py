@@ -14,7 +14,7 @@ from hvdtrain.errors import UsageError
 
 
 class MnistCNN(nn.Module):
-    """The small CNN of PyTorch's MNIST example (the seeds' baseline), sized for any input side."""
+    """The small CNN of PyTorch's MNIST example (the IDRIS/JSC course material's baseline), sized for any input side."""
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
         super().__init__()
