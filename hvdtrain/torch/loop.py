@@ -1,0 +1,208 @@
+"""Horovod for your own torch training loop: a few calls, each one line of a single-GPU script.
+
+    run = hvdtrain.torch.loop.start(seed=0)                   # hvd.init(), this rank's device, guards
+    model, optimizer = run.prepare(model, optimizer)          # to the device, LR x ranks, rank 0's weights
+    start_epoch = run.resume("ckpt", model, optimizer)        # the newest checkpoint's epoch, or 0
+    for epoch in range(start_epoch, epochs):
+        for x, y in run.loader(train_set, batch_size, epoch):  # this rank's shard (batch_size per rank)
+            ...; optimizer.step(); run.step_done()             # step_done: the watchdog's heartbeat
+            if run.should_stop(): break                        # a stop signal on any rank: all stop here
+        run.save("ckpt", model, optimizer)                     # rank 0 writes where the loop is (mid-epoch too)
+        if run.stopped_by: break
+    run.finish()                                               # mpirun -np 2 / srun --mpi=pmix -n 2 python train.py
+
+Horovod only (torchrun users have torch.distributed). Every call but `log` runs on every rank at the
+same points; bad input ends every rank with one line, exit 2. Example: torch_examples/own_loop.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import numpy as np
+import torch
+
+from hvdtrain import checkpoint as ckpt, tuning
+from hvdtrain.cluster import ClusterEnv
+from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.netsockets import loopback_settings
+from hvdtrain.report import say
+from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.torch.backend_horovod import HorovodBackend
+from hvdtrain.torch.devices import rank_device
+from hvdtrain.watchdog import Watchdog
+
+PROG = "hvdtrain.torch.loop"
+
+
+def _one_line_errors(method):
+    """A UsageError ends this rank with one line and exit 2 (hvdtrain/errors.py), not a traceback."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except UsageError as err:
+            report_and_exit(err, PROG)
+    return wrapper
+
+
+def _why(err: BaseException) -> str:  # an exception in one line
+    return f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"
+
+
+@_one_line_errors
+def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int | None = None) -> "Run":
+    """hvd.init() with hvdtrain's settings, device, threads, stop signals, watchdog (armed first)."""
+    cfg = TrainConfig(seed=seed, watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
+    env = ClusterEnv.from_environ()
+    threads = threads_per_rank(threads, env.local_world_size)
+    torch.set_num_threads(threads)
+    watchdog = Watchdog(watchdog_seconds, PROG, env.rank, env.world_size)
+    tuning.apply(loopback_settings(env))  # all ranks on this host: MPI stays off the network
+    backend = HorovodBackend(cfg, threads)
+    device = rank_device(backend.local_rank, backend.local_world_size)  # refuses ranks sharing a GPU
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(seed)
+    return Run(backend, cfg, device, watchdog, env.job_id)
+
+
+class Run:
+    """One rank's part of the job: rank, local_rank, world_size, device, is_rank0, stopped_by."""
+
+    def __init__(self, backend, cfg: TrainConfig, device: torch.device, watchdog, job_id: str | None = None):
+        self.backend, self.cfg, self.device, self.watchdog, self.job_id = backend, cfg, device, watchdog, job_id
+        self.rank, self.local_rank, self.world_size = backend.rank, backend.local_rank, backend.world_size
+        self.is_rank0 = self.rank == 0
+        self.stop = StopRequest()
+        self.stopped_by: str | None = None  # the signal should_stop() agreed on
+        self.position = ckpt.Position()     # the epoch, batches stepped in it, steps in all
+        self.batches_in_epoch = self.batching = self.resumed_batching = None  # (ranks, batch_size)
+        self._prepared: list = []           # the optimizers prepare() wrapped
+
+    def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
+        if self.is_rank0 or every_rank:
+            say(line)
+
+    def prepare(self, model, optimizer, *, scale_lr: bool = True):
+        """(model on the device, Horovod's optimizer, LR x world size), rank 0's weights. Schedulers after."""
+        model.to(self.device)  # in place: the optimizer keeps its parameters
+        for group in optimizer.param_groups if scale_lr else ():
+            group["lr"] *= self.world_size
+        # A new optimizer: gradients averaged in backward (contiguous copies for channels-last).
+        optimizer = self.backend.wrap_optimizer(optimizer, model, self.cfg)
+        self.backend.broadcast_state(model, optimizer, optimizer_state=False)  # its state is still empty
+        self._prepared.append(optimizer)
+        return model, optimizer
+
+    @_one_line_errors
+    def loader(self, dataset, batch_size: int, epoch: int, *, num_workers: int = 2):
+        """This rank's seeded shard of `epoch` (batch_size per rank; a resumed epoch's rest), drop_last."""
+        cfg = dataclasses.replace(self.cfg, batch_size=batch_size, num_workers=num_workers)  # checks them
+        self.batching = [self.world_size, batch_size]
+        resumed = epoch == self.position.epoch and self.resumed_batching in (None, self.batching)
+        skip = self.position.step_in_epoch if resumed else 0  # other shards than the checkpoint's: all again
+        self.position = dataclasses.replace(self.position, epoch=epoch, step_in_epoch=skip)
+        loader = self.backend.train_loader(dataset, cfg, epoch, skip)
+        self.batches_in_epoch = skip + len(loader)
+        return loader
+
+    def eval_loader(self, dataset, batch_size: int):  # each sample on one rank: sum, count, run.sum
+        return self.backend.val_loader(dataset, dataclasses.replace(self.cfg, batch_size=batch_size))
+
+    def sum(self, values) -> torch.Tensor:  # over ranks, float64 on the CPU: e.g. (loss sum, count)
+        local = np.atleast_1d(torch.as_tensor(values).detach().cpu().double().numpy())
+        return torch.from_numpy(self.backend.allreduce_sum(local, "loop_sum"))
+
+    def step_done(self) -> None:  # after each batch's optimizer step: the position, the watchdog
+        self.position = self.position.after_step()
+        self.watchdog.beat(self.position.global_step)
+
+    def should_stop(self) -> bool:
+        """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s."""
+        mine = np.array([self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")], dtype=np.float64)
+        usr1, term = self.backend.allreduce_sum(mine, "stop_vote")
+        self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
+        if self.stopped_by:
+            self.log(f"stopped by {self.stopped_by} in epoch {self.position.epoch + 1} after "
+                     f"{self.position.step_in_epoch} batch(es)")
+        return self.stopped_by is not None
+
+    @_one_line_errors
+    def resume(self, checkpoint_dir: str, model, optimizer) -> int:
+        """Rank 0 loads the newest checkpoint that reads, every rank takes it: the epoch to start at."""
+        if not any(optimizer is o for o in self._prepared):
+            raise UsageError("run.resume() takes the optimizer run.prepare() returned (Horovod's starts empty)")
+        self.watchdog.beat(where="resuming")
+        status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
+        status = self.backend.broadcast_object(status, "loop_resume")  # every rank fails, or none
+        if status.get("error"):
+            raise UsageError(status["error"])
+        if status.get("path"):
+            self.position, self.resumed_batching = status["position"], status["batching"]
+            self.backend.broadcast_state(model, optimizer, optimizer_state=True)
+            self.log(f"resumed from {status['path']} at epoch {self.position.epoch + 1} after "
+                     f"{self.position.step_in_epoch} batch(es)")
+        return self.position.epoch
+
+    def _load_newest(self, checkpoint_dir: str, model, optimizer) -> dict:
+        problem = ckpt.check_writable(checkpoint_dir, None, None)  # now, not after an epoch's work
+        if problem:
+            return {"error": problem}
+        ckpt.remove_stale_temporaries(checkpoint_dir)
+        unreadable = None  # a crash, a bad copy: the one before it may read
+        for path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
+            try:
+                distrust = ckpt.trust_problem(path, torch.__version__, trusted=False)  # torch < 2.6
+                if distrust:
+                    return {"error": distrust}
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - reported by path
+                unreadable = f"checkpoint {path} is unreadable ({_why(err)})"
+                self.log(f"{unreadable}: trying the one before")
+                continue
+            kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+            try:  # it reads but does not fit: no older one will
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+            except Exception as err:  # noqa: BLE001 - one line, naming the file
+                return {"error": f"checkpoint {path} does not fit this model or optimizer ({_why(err)})"}
+            for group, settings in zip(optimizer.param_groups, kept):
+                group.update(settings)  # this run's LR (scaled for its world size), not the checkpoint's
+            return {"path": path, "position": ckpt.Position.from_checkpoint(state), "batching": state["batching"]}
+        # None reads: starting afresh would silently lose the run.
+        return {"error": f"{unreadable}, and no older one reads"} if unreadable else {}
+
+    @_one_line_errors
+    def save(self, checkpoint_dir: str, model, optimizer, *, keep: int = 3) -> None:
+        """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank."""
+        self.watchdog.beat(where="writing a checkpoint")
+        self.backend.average_buffers(model)  # BatchNorm statistics of every rank, not rank 0's
+        # Where a resume starts: the next epoch, or this one's unstepped batches (after a stop, a break).
+        done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
+        at, error = self.position.next_epoch() if done else self.position, None
+        if self.is_rank0:
+            path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
+            state = {"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(), "optimizer":
+                     optimizer.state_dict(), "batching": self.batching, **at.to_checkpoint()}
+            try:
+                ckpt.atomic_write(path, lambda f: torch.save(state, f), signed=True)
+                ckpt.prune(checkpoint_dir, keep)
+                self.log(f"checkpoint {path}")
+            except OSError as err:
+                error = (f"could not write a checkpoint in {checkpoint_dir} ({err.strerror or err}); the newest "
+                         f"is still {ckpt.latest_checkpoint(checkpoint_dir) or 'none'}")
+        error = self.backend.broadcast_object(error, "loop_checkpoint_written")
+        self.watchdog.beat(where="after writing a checkpoint")
+        if error:
+            raise UsageError(error)
+
+    def finish(self) -> None:
+        """Last, every rank: after SIGUSR1 (Slurm's time-limit warning) rank 0 requeues the job."""
+        if self.stopped_by == "SIGUSR1" and self.is_rank0 and self.job_id \
+                and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
+            self.log(requeue_slurm_job(self.job_id))
+        self.watchdog.stop()
+        self.backend.shutdown()
