@@ -3,4 +3,19 @@ GradientTape loop). Importing this package imports no framework; TensorFlow is l
 hvdtrain.tf.train once hvdtrain.tf.keras_compat has chosen the Keras version.
 
     mpirun -np 2 python -m hvdtrain.tf --model mnist_cnn --dataset digits --loop custom --epochs 8
+
+Your own Keras `model.fit`: `hvdtrain.tf.start()` first, then
+`model.fit(..., callbacks=hvdtrain.tf.callbacks(model, ...))` (hvdtrain/tf/callbacks.py; loaded
+when first used, example tf_examples/keras_own_fit.py).
 """
+
+
+def __getattr__(name):
+    if name in ("start", "callbacks"):
+        import importlib
+
+        # The module hvdtrain/tf/callbacks.py is callable: hvdtrain.tf.callbacks(model, ...) calls
+        # its callbacks() whether this or an `import hvdtrain.tf.callbacks` loaded it.
+        module = importlib.import_module("hvdtrain.tf.callbacks")
+        return module if name == "callbacks" else module.start
+    raise AttributeError(f"module 'hvdtrain.tf' has no attribute '{name}'")

@@ -1,0 +1,380 @@
+"""hvdtrain's guards for your own Keras `model.fit`: a list of callbacks, plus the two calls that
+must come before the model and the data.
+
+    import hvdtrain.tf
+    hvd = hvdtrain.tf.start(seed=0)      # Keras 2 for tf.keras, hvd.init(), this rank's GPU and threads, signals
+    import tf_keras as keras             # Horovod's Keras callbacks drive Keras 2 (hvdtrain/tf/keras_compat.py)
+    x, y = x[hvd.rank::hvd.world_size], y[hvd.rank::hvd.world_size]           # this rank's shard
+    model.compile(optimizer=hvd.optimizer(keras.optimizers.legacy.SGD(0.05)), loss=...)  # gradients averaged
+    callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir="ckpt", warmup_epochs=1)      # resumes here
+    model.fit(x, y, epochs=10, initial_epoch=callbacks.initial_epoch, callbacks=callbacks,
+              verbose=2 if hvd.is_rank0 else 0)
+
+    mpirun -np 2 python train.py         # srun --mpi=pmix -n 2 python train.py; horovodrun -np 2 python train.py
+
+`callbacks(model, ...)` (every rank, model built and compiled): rank 0 loads the newest checkpoint
+of `checkpoint_dir` that reads, then every rank takes rank 0's weights and optimizer state;
+`.initial_epoch` is where fit must start. The list holds Horovod's BroadcastGlobalVariablesCallback
+and MetricAverageCallback, its LearningRateWarmupCallback (warmup_epochs > 0) and hvdtrain's guard,
+which sets the LR to the compiled one x world size, checkpoints on rank 0 at each epoch end
+(npz, atomic, the newest `keep` kept: hvdtrain/checkpoint.py), votes over ranks on SIGUSR1/SIGTERM
+every `stop_check_batches` batches and at each epoch end (every rank stops at the same batch,
+with a checkpoint; a stop mid-epoch resumes that epoch from its first batch), requeues the Slurm
+job after SIGUSR1 (not SIGTERM: scancel), and runs the watchdog while fit runs
+(hvdtrain/watchdog.py). Put your own callbacks after these: they then see averaged metrics.
+
+Keras 2 (tf-keras) with its legacy optimizers only: Horovod 0.28.1's Keras layer and its LR
+callbacks drive them (hvdtrain/tf/keras_compat.py). Every rank must run as many batches per epoch
+(checked at fit's start). Bad input ends every rank with one line and exit status 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import sys
+import types
+import zipfile
+
+import numpy as np
+
+from hvdtrain import checkpoint as ckpt, tuning
+from hvdtrain.cluster import ClusterEnv
+from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.meter import stop_reason, stop_votes
+from hvdtrain.netsockets import loopback_settings
+from hvdtrain.report import say
+from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.watchdog import Watchdog
+
+PROG = "hvdtrain.tf"
+WRITER = "hvdtrain.tf.callbacks"  # in each checkpoint's meta: which code wrote it
+_job: "Job | None" = None  # the process's Horovod job (Horovod itself is one per process)
+
+
+def _one_line_errors(function):
+    """A UsageError ends this rank with one line and exit 2 (hvdtrain/errors.py), not a traceback."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except UsageError as err:
+            report_and_exit(err, PROG)
+    return wrapper
+
+
+def _why(err: BaseException) -> str:  # an exception in one line
+    return f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"
+
+
+@_one_line_errors
+def start(seed: int | None = None, *, threads: int | None = None, watchdog_seconds: float | None = None) -> "Job":
+    """Every rank, before TensorFlow builds anything: Keras 2 for tf.keras, this rank's CPU threads,
+    hvd.init() with hvdtrain's settings (the watchdog armed around it), this rank's GPU, the stop
+    signals' handlers, and Keras' random seed (the same on every rank) when given."""
+    global _job
+    if _job is not None:
+        return _job
+    from hvdtrain.tf import keras_compat
+
+    keras = keras_compat.select("fit")  # before tensorflow is imported (below)
+    cfg = TrainConfig(framework="tf", loop="fit", seed=0 if seed is None else seed,
+                      watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
+    env = ClusterEnv.from_environ()
+    threads = threads_per_rank(threads, env.local_world_size)
+    with _watched(cfg, env.rank, env.world_size, "starting Horovod"):  # a rank missing at hvd.init() hangs the rest
+        from hvdtrain.tf.backend_horovod import HorovodBackend
+        from hvdtrain.tf.train import set_threads
+
+        set_threads(threads)  # before TensorFlow's first op
+        tuning.apply(loopback_settings(env))  # all ranks on this host: MPI stays off the network
+        backend = HorovodBackend(cfg, threads)  # hvd.init(), this rank's GPU
+    if seed is not None:
+        keras.utils.set_random_seed(seed)  # the same initial weights on every rank
+    _job = Job(keras, backend, cfg.with_world_size(backend.world_size), env.job_id)
+    return _job
+
+
+@_one_line_errors
+def callbacks(model, *, checkpoint_dir: str | None = None, warmup_epochs: int = 0, scale_lr: bool = True,
+              keep: int = 3, stop_check_batches: int = 10) -> "Callbacks":
+    """The callbacks for `model.fit(..., initial_epoch=cbs.initial_epoch, callbacks=cbs)`, every
+    rank, after start() and model.compile(); resumes from `checkpoint_dir` now (see above)."""
+    if _job is None:
+        raise UsageError("call hvdtrain.tf.start() first, before the model and the data are built")
+    return _job.callbacks(model, checkpoint_dir=checkpoint_dir, warmup_epochs=warmup_epochs, scale_lr=scale_lr,
+                          keep=keep, stop_check_batches=stop_check_batches)
+
+
+@contextlib.contextmanager
+def _watched(cfg: TrainConfig, rank: int, world_size: int, where: str):
+    """The watchdog around one stretch of collectives outside fit (it ends with the stretch:
+    the user's own code between them may take as long as it likes)."""
+    watchdog = Watchdog(cfg.watchdog_seconds, PROG, rank, world_size)
+    watchdog.beat(where=where)
+    try:
+        yield watchdog
+    finally:
+        watchdog.stop()
+
+
+class Callbacks(list):
+    """A list of Keras callbacks that also says where fit starts: `initial_epoch`."""
+    initial_epoch: int = 0
+
+
+class Job:
+    """This rank's part: rank, local_rank, world_size, is_rank0, device; optimizer(); callbacks()."""
+
+    def __init__(self, keras, backend, cfg: TrainConfig, job_id: str | None):
+        self.keras, self.backend, self.cfg, self.job_id = keras, backend, cfg, job_id
+        self.rank, self.local_rank, self.world_size = backend.rank, backend.local_rank, backend.world_size
+        self.is_rank0 = self.rank == 0
+        self.device = backend.device
+        self.stop = StopRequest()  # from now on SIGUSR1/SIGTERM are remembered for fit's next vote
+
+    def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
+        if self.is_rank0 or every_rank:
+            say(f"{PROG}: {line}")
+
+    @_one_line_errors
+    def optimizer(self, optimizer):
+        """`optimizer` (a Keras 2 legacy one) averaging its gradients over ranks (Horovod's
+        DistributedOptimizer, with the trainer's options: hvdtrain/tf/backend_horovod.py)."""
+        self._check_legacy(optimizer, "hvd.optimizer()")
+        return self.backend.keras_optimizer(optimizer, self.cfg)
+
+    def _check_legacy(self, optimizer, where: str) -> None:
+        if not isinstance(optimizer, self.keras.optimizers.legacy.Optimizer):
+            raise UsageError(f"{where} takes a Keras 2 legacy optimizer (tf_keras.optimizers.legacy.SGD, Adam, ...), "
+                             f"the API Horovod's LR callbacks drive; got {type(optimizer).__module__}."
+                             f"{type(optimizer).__name__}")
+
+    @_one_line_errors
+    def callbacks(self, model, *, checkpoint_dir=None, warmup_epochs=0, scale_lr=True, keep=3,
+                  stop_check_batches=10) -> Callbacks:
+        keras = self.keras
+        if not isinstance(model, keras.Model):
+            raise UsageError(f"hvdtrain.tf.callbacks() takes a Keras 2 model (tf_keras, imported after "
+                             f"hvdtrain.tf.start()); got {type(model).__module__}.{type(model).__name__}")
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise UsageError("call model.compile(optimizer=hvd.optimizer(...), ...) before hvdtrain.tf.callbacks()")
+        if not hasattr(optimizer, "_allreduce_grads"):  # Horovod's DistributedOptimizer has it
+            raise UsageError("the model's optimizer does not average gradients over ranks: compile with "
+                             "optimizer=hvd.optimizer(keras.optimizers.legacy.SGD(...)), hvd = hvdtrain.tf.start()")
+        self._check_legacy(optimizer, "model.compile()")
+        if not model.weights:
+            raise UsageError("the model has no weights yet: build it before hvdtrain.tf.callbacks() "
+                             "(a keras.Input first, or model.build(input_shape))")
+        for name, value, least in (("warmup_epochs", warmup_epochs, 0), ("keep", keep, 1),
+                                   ("stop_check_batches", stop_check_batches, 1)):
+            if not isinstance(value, int) or value < least:
+                raise UsageError(f"hvdtrain.tf.callbacks(): {name} must be an integer >= {least} (got {value!r})")
+        target_lr = self._scaled_lr(optimizer) if scale_lr else None
+        # Slots now, not in the first step: the checkpoint and the broadcast need them.
+        optimizer._create_all_weights(model.trainable_variables)
+        with _watched(self.cfg, self.rank, self.world_size, "resuming"):
+            position = self._resume(checkpoint_dir, model, optimizer)
+            # Horovod: every rank starts from rank 0's weights and optimizer state (resumed or not),
+            # so that the first step is already one model's.
+            self.backend.broadcast_variables(model.weights + optimizer.variables())
+        if target_lr is not None:  # after the load: a checkpoint holds the LR of its own world size
+            keras.backend.set_value(optimizer.learning_rate, target_lr)
+        # Horovod's callbacks, as hvdtrain's own Keras fit loop uses them (hvdtrain/tf/loops.py):
+        # rank 0's variables again after the first batch (those Keras makes lazily), then the
+        # epoch's metrics averaged over ranks before any later callback reads them.
+        found = Callbacks(self.backend.fit_callbacks())
+        if warmup_epochs:  # Horovod: from target / world size up to target over the first epochs
+            lr = target_lr if target_lr is not None else float(keras.backend.get_value(optimizer.learning_rate))
+            found.append(self.backend.lr_warmup_callback(lr, warmup_epochs, steps_per_epoch=None))
+        found.append(_guard_class(keras)(self, checkpoint_dir, keep, stop_check_batches, position))
+        found.initial_epoch = position.epoch
+        return found
+
+    def _scaled_lr(self, optimizer) -> float:
+        """The compiled LR x world size (the global batch grows with the ranks), read once per
+        optimizer: a second callbacks() call does not scale it again."""
+        base = getattr(optimizer, "_hvdtrain_base_lr", None)
+        if base is None:
+            lr = optimizer.learning_rate
+            if isinstance(lr, self.keras.optimizers.schedules.LearningRateSchedule):
+                raise UsageError("scale_lr: the optimizer's learning rate is a schedule, which hvdtrain cannot scale; "
+                                 "scale it by hvd.world_size yourself and pass scale_lr=False")
+            base = float(self.keras.backend.get_value(lr))
+            optimizer._hvdtrain_base_lr = base
+        return base * self.world_size
+
+    # ------------------------------------------------------------------ checkpoints
+    def _resume(self, checkpoint_dir, model, optimizer) -> ckpt.Position:
+        """Rank 0 loads the newest checkpoint that reads; every rank learns the outcome (all fail
+        together, or none)."""
+        if not checkpoint_dir:
+            return ckpt.Position()
+        status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
+        status = self.backend.broadcast_object(status, "keras_resume")
+        if status.get("error"):
+            raise UsageError(status["error"])
+        if not status.get("path"):
+            return ckpt.Position()
+        position = ckpt.Position.from_checkpoint(status["position"])
+        done = position.step_in_epoch
+        redo = f" (rerun from its first batch: stopped after {done} batch(es))" if done else ""
+        self.log(f"resumed from {status['path']} at epoch {position.epoch + 1}{redo}")
+        return position
+
+    def _load_newest(self, checkpoint_dir, model, optimizer) -> dict:
+        problem = ckpt.check_writable(checkpoint_dir, None, None)  # now, not after an epoch's work
+        if problem:
+            return {"error": problem}
+        ckpt.remove_stale_temporaries(checkpoint_dir)
+        unreadable = None  # a crash, a bad copy: the one before it may read
+        for path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
+            try:
+                if not zipfile.is_zipfile(path):
+                    raise ValueError("not an .npz archive")
+                with np.load(path, allow_pickle=False) as saved:
+                    meta = json.loads(str(saved["meta"]))
+                    arrays = {prefix: [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
+                              for prefix in ("model", "optimizer")}
+            except Exception as err:  # noqa: BLE001 - reported by path
+                unreadable = f"checkpoint {path} is unreadable ({_why(err)})"
+                self.log(f"{unreadable}: trying the one before")
+                continue
+            # It reads but does not fit: no older one will.
+            for prefix, variables in (("model", model.weights), ("optimizer", optimizer.variables())):
+                values = arrays[prefix]
+                shapes = [tuple(v.shape) for v in variables], [a.shape for a in values]
+                if meta.get("written_by") != WRITER or shapes[0] != shapes[1]:
+                    return {"error": f"checkpoint {path} does not fit this model and optimizer ({prefix}: "
+                                     f"{len(values)} arrays saved for {len(variables)} variables, or other shapes; "
+                                     f"written by {meta.get('written_by', 'the hvdtrain.tf trainer')})"}
+                for var, value in zip(variables, values):
+                    var.assign(value)
+            return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
+                                                                    "history")}}
+        # None reads: starting afresh would silently lose the run.
+        return {"error": f"{unreadable}, and no older one reads"} if unreadable else {}
+
+    def save(self, checkpoint_dir, model, at: ckpt.Position, keep: int) -> None:
+        """Every rank: rank 0 writes weights, optimizer state and position atomically; a failure ends every rank."""
+        error = None
+        if self.is_rank0:
+            weights = [v.numpy() for v in model.weights]
+            slots = [v.numpy() for v in model.optimizer.variables()]
+            # The trainer's npz layout (hvdtrain/tf/train.py): meta, model/i, optimizer/i.
+            meta = {"format_version": ckpt.FORMAT_VERSION, "written_by": WRITER, "world_size": self.world_size,
+                    **at.to_checkpoint(), "num_model": len(weights), "num_optimizer": len(slots)}
+            arrays = {"meta": np.array(json.dumps(meta)), **{f"model/{i}": w for i, w in enumerate(weights)},
+                      **{f"optimizer/{i}": s for i, s in enumerate(slots)}}
+            path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "npz"))
+            try:
+                ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
+                ckpt.prune(checkpoint_dir, keep)
+                self.log(f"checkpoint {path}")
+            except OSError as err:
+                error = (f"could not write a checkpoint in {checkpoint_dir} ({err.strerror or err}); the newest "
+                         f"is still {ckpt.latest_checkpoint(checkpoint_dir) or 'none'}")
+        error = self.backend.broadcast_object(error, "keras_checkpoint_written")
+        if error:
+            raise UsageError(error)
+
+    def vote(self) -> str | None:
+        """Every rank: the stop signal any rank got (SIGTERM outweighs SIGUSR1: hvdtrain/meter.py), or None."""
+        usr1, term = self.backend.allreduce_sum(np.array(stop_votes(self.stop.signal_name)), "keras_stop_vote")
+        return stop_reason(usr1, term)
+
+    def requeue_if_asked(self, stopped_by: str | None) -> None:
+        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only: SIGTERM is scancel or preemption."""
+        if stopped_by == "SIGUSR1" and self.is_rank0 and self.job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
+            self.log(requeue_slurm_job(self.job_id))
+
+
+# The guard subclasses the Callback of the Keras that fit runs on (tf_keras), known only once
+# start() has chosen it: hence a function that makes the class.
+@functools.lru_cache(maxsize=None)
+def _guard_class(keras):
+    class Guard(keras.callbacks.Callback):
+        """Every rank: the stop vote, rank 0's checkpoints, the watchdog, the requeue."""
+
+        def __init__(self, job: Job, checkpoint_dir, keep: int, check_every: int, position: ckpt.Position):
+            super().__init__()
+            self.job, self.checkpoint_dir, self.keep, self.check_every = job, checkpoint_dir, keep, check_every
+            self.position, self.initial_epoch = position, position.epoch
+            self.watchdog, self.stopped_by, self.first_epoch = None, None, True
+
+        @_one_line_errors
+        def on_train_begin(self, logs=None):
+            job = self.job
+            self.watchdog = Watchdog(job.cfg.watchdog_seconds, PROG, job.rank, job.world_size)
+            self.watchdog.beat(where="starting fit")
+            self.stopped_by, self.first_epoch, self.initial_epoch = None, True, self.position.epoch
+            self.global_step = int(self.job.keras.backend.get_value(self.model.optimizer.iterations))
+            steps = self.params.get("steps")
+            counts = job.backend.allgather_object(steps, "keras_steps_per_epoch")
+            if len(set(counts)) > 1:  # one rank would wait for the others' allreduce for ever
+                raise UsageError(f"the ranks run different numbers of batches per epoch ({counts}, in rank order): "
+                                 "give every rank as many samples (drop the remainder), or pass steps_per_epoch")
+
+        @_one_line_errors
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.first_epoch and epoch != self.initial_epoch:
+                raise UsageError(f"model.fit started at epoch {epoch + 1}, but the run is at epoch "
+                                 f"{self.initial_epoch + 1}: pass initial_epoch=callbacks.initial_epoch to fit")
+            self.first_epoch, self.batches = False, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+            self.global_step += 1
+            self.watchdog.beat(self.global_step)
+            if self.batches % self.check_every == 0 and self.stopped_by is None:
+                self.stopped_by = self.job.vote()
+                if self.stopped_by:
+                    self.model.stop_training = True  # every rank, after this same batch
+
+        def on_test_batch_end(self, batch, logs=None):  # fit's validation
+            self.watchdog.beat(where="validating")
+
+        @_one_line_errors
+        def on_epoch_end(self, epoch, logs=None):
+            job = self.job
+            self.watchdog.beat(where="ending the epoch")
+            stopped_mid_epoch = self.stopped_by is not None
+            if not stopped_mid_epoch:
+                self.stopped_by = job.vote()
+            # BatchNorm statistics are each rank's own (Horovod averages gradients only): one set.
+            job.backend.average_variables(self.model.non_trainable_weights)
+            at = dataclasses.replace(self.position, global_step=self.global_step, step_in_epoch=self.batches)
+            if not stopped_mid_epoch:  # complete: the next run starts at the next epoch
+                record = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+                at = at.recorded(record).next_epoch()
+            self.position = at
+            if self.checkpoint_dir:
+                self.watchdog.beat(where="writing a checkpoint")
+                job.save(self.checkpoint_dir, self.model, at, self.keep)
+            if self.stopped_by:
+                job.log(f"stopped by {self.stopped_by} in epoch {epoch + 1} after {self.batches} batch(es)"
+                        + ("; checkpoint written" if self.checkpoint_dir else "; no checkpoint_dir: nothing saved"))
+                self.model.stop_training = True
+
+        def on_train_end(self, logs=None):
+            if self.watchdog is not None:
+                self.watchdog.stop()  # the user's code after fit may take as long as it likes
+            self.job.requeue_if_asked(self.stopped_by)
+
+    return Guard
+
+
+
+class _CallableModule(types.ModuleType):
+    """Once imported, this module is what `hvdtrain.tf.callbacks` names (Python sets a package's
+    attribute to its submodule, over the package's __getattr__): calling it calls callbacks()."""
+
+    def __call__(self, model, **options) -> Callbacks:
+        return callbacks(model, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
