@@ -43,7 +43,8 @@ class TorchBackend(Collectives):
 
     @abc.abstractmethod
     def average_buffers(self, model) -> None:
-        """Every rank: BatchNorm running statistics replaced by their mean over ranks."""
+        """Every rank: one set of BatchNorm running statistics on every rank, the backend's own
+        (Horovod's: their mean over ranks; DDP's: rank 0's, which it broadcasts every forward)."""
 
     # ------------------------------------------------------------------ one step
     def no_sync(self, model, optimizer, last_micro_batch: bool):

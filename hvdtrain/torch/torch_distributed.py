@@ -115,15 +115,17 @@ class TorchDistributedBackend(TorchBackend):
             optimizer.load_state_dict(self.broadcast_object(state, "optimizer_state"))
 
     def average_buffers(self, model):
-        # DDP broadcasts rank 0's buffers before every forward, but each rank's forward then
-        # updates its running statistics with its own batch: after the last step they differ.
-        # Averaged as the Horovod backend does, so checkpoints and results hold every rank's.
+        # DDP broadcasts rank 0's buffers before every forward (broadcast_buffers), and each rank's
+        # forward then updates its running statistics with its own batch: after a step they
+        # differ. DDP's own statistics are rank 0's: every rank takes them, which is what DDP's
+        # next forward would do anyway, so a checkpoint in the middle of an epoch leaves the run
+        # as it was and a resumed run ends where an uninterrupted one does (an average instead
+        # would change rank 0's statistics, and with them the rest of the run).
         if self.world_size == 1:
             return
         for t in model.buffers():
             if t.is_floating_point():
-                self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
-                t.div_(self.world_size)
+                self.dist.broadcast(t, src=0)
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         out = torch.tensor(np.asarray(values, dtype=np.float64))  # a copy, on the CPU (Gloo)

@@ -48,6 +48,7 @@ def mse(outputs, targets):
 if __name__ == "__main__":
     import hvdtrain.torch
 
+    torch.manual_seed(0)  # the same initial weights at every run (rank 0's are broadcast anyway)
     train, val = datasets()
     result = hvdtrain.torch.fit(build_model(), train, val, loss=mse, **json.loads(sys.argv[1]))
     if result["config"]["result_json"] is None:
