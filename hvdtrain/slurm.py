@@ -12,9 +12,13 @@ that trainer's options. `$NAME` and `${NAME}` in an argument are left for the jo
 (a newline) are refused in every value.
 
 Every script checkpoints into its run directory and asks Slurm for SIGUSR1 `--signal-lead`
-seconds before the time limit: the trainer then checkpoints, requeues the job and exits, and the
-requeued job resumes from that checkpoint. The templates in slurm/ are written by this module;
-the second line of each is the command that writes it, and
+seconds (600 by default) before the time limit: the trainer then checkpoints, requeues the job and
+exits, and the requeued job resumes from that checkpoint (its log appended to the same file).
+Its srun ends the whole step when a rank fails (`--kill-on-bad-exit=1`) and `--srun-wait`
+seconds (120 by default) after the first rank has exited (`--wait`), so that a rank frozen
+after the others ended does not hold the nodes until the time limit. A `module purge` among the
+`--setup` lines must be followed by a `module load`. The templates in slurm/ are written by this
+module; the second line of each is the command that writes it, and
 
     python -m hvdtrain.slurm regenerate slurm/*.sbatch
 
@@ -26,6 +30,7 @@ import argparse
 import re
 import shlex
 import sys
+import textwrap
 from dataclasses import dataclass
 
 from hvdtrain.config import build_parser
@@ -33,6 +38,15 @@ from hvdtrain.errors import UsageError
 
 PROG = "hvdtrain.slurm"
 CREDIT = f"# Written by: python -m {PROG} "
+
+# The job-script convention (README, slurm/, docs/): SIGUSR1 this long before the time limit
+# covers the rest of a log interval, a validation pass and a checkpoint of ResNet-50 on a busy
+# file system, with Slurm's up to 60 s of earliness on top.
+SIGNAL_LEAD = 600
+# srun --wait: the ranks leave training together (a barrier after the result file and the last
+# checkpoint), so once one has exited the others only shut down, seconds; 120 s never cuts a
+# healthy rank short, and a rank frozen after the others ended frees the nodes 2 minutes later.
+SRUN_WAIT = 120
 
 
 @dataclass(frozen=True)
@@ -109,8 +123,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-only", action="store_true", help="no GPUs: ranks compute on their cores")
     p.add_argument("--hint", help="sbatch --hint, e.g. nomultithread (physical cores only)")
     p.add_argument("--time", default="01:00:00", help="time limit, in a Slurm --time format")
-    p.add_argument("--signal-lead", type=int, default=300,
-                   help="seconds before the time limit at which every task gets SIGUSR1 (checkpoint + requeue)")
+    p.add_argument("--signal-lead", type=int, default=SIGNAL_LEAD,
+                   help="seconds before the time limit at which every task gets SIGUSR1 (checkpoint + requeue; "
+                        f"default {SIGNAL_LEAD})")
+    p.add_argument("--srun-wait", type=int, default=SRUN_WAIT,
+                   help="srun --wait: seconds after the first rank exits at which Slurm ends the others "
+                        f"(default {SRUN_WAIT})")
     p.add_argument("--partition", help="sbatch --partition (default: the preset's, else the site's default)")
     p.add_argument("--account", help="sbatch --account: the project the hours are charged to")
     p.add_argument("--reservation", help="sbatch --reservation, e.g. a course's")
@@ -144,6 +162,7 @@ class Job:
     job_name: str
     sbatch_options: tuple
     srun_options: tuple
+    srun_wait: int
     setup: tuple
     trainer_args: tuple
     note: str
@@ -201,6 +220,16 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
         raise UsageError(f"--signal-lead {args.signal_lead} s is not shorter than the time limit "
                          f"--time {args.time} ({limit} s): the job would be told to stop before it starts")
 
+    if not 0 < args.srun_wait <= 65535:
+        raise UsageError(f"--srun-wait must be 1..65535 seconds (got {args.srun_wait}); 0 would be srun's "
+                         "'wait for every rank', the hang it is there to end")
+    for option in args.srun_option:
+        for own, instead in (("--wait", "--srun-wait"), ("--kill-on-bad-exit", "(always on)"), ("-W", "--srun-wait"),
+                             ("-K", "(always on)")):
+            if option == own or option.startswith(own + "=") or (len(own) == 2 and option.startswith(own)):
+                raise UsageError(f"--srun-option '{option}': the script's srun has --kill-on-bad-exit=1 and "
+                                 f"--wait=<--srun-wait>; use {instead}")
+    _check_setup(args.setup)
     trainer_args = list(trainer_args)
     if args.doctor:
         _check_doctor_args(trainer_args)
@@ -222,8 +251,26 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
     return Job(args.framework, args.nodes, tasks, gpus, cpus, args.time, args.signal_lead, hint, partition,
                args.account, args.reservation, args.qos,
                args.job_name or ("hvdtrain-doctor" if args.doctor else f"hvdtrain-{args.framework}"),
-               tuple(args.sbatch_option), tuple(args.srun_option), tuple(args.setup), tuple(trainer_args), note,
-               args.doctor)
+               tuple(args.sbatch_option), tuple(args.srun_option), args.srun_wait, tuple(args.setup),
+               tuple(trainer_args), note, args.doctor)
+
+
+def _check_setup(lines: list[str]) -> None:
+    """`module purge` unloads what the job needs (python, MPI, CUDA, the site's torch): a module
+    must be loaded again after it, before the venv over those modules is activated."""
+    purged = False
+    for line in lines:
+        words = line.split()
+        if words[:2] == ["module", "purge"]:
+            purged = True
+        elif words[:2] in (["module", "load"], ["module", "add"]) or (words[:1] == ["ml"] and len(words) > 1):
+            purged = False
+        elif purged and "activate" in line:
+            raise UsageError(f"--setup '{line}' comes after 'module purge' with no 'module load' between: the venv "
+                             "would run without the modules it was made over")
+    if purged:
+        raise UsageError("--setup 'module purge' is not followed by a 'module load': the job would run "
+                         "without the site's python, MPI and CUDA")
 
 
 def _check_trainer_args(framework: str, trainer_args: list[str]) -> None:
@@ -318,8 +365,8 @@ def render(job: Job, command: str) -> str:
             *job.setup,
             "# Versions, Horovod's ops, ranks/GPUs/cores per node, a correctness check and the allreduce",
             "# bandwidth; the last line is the verdict and the exit code 0 means ready.",
-            " ".join(["srun", "--kill-on-bad-exit=1", *map(shlex.quote, job.srun_options), "python", "-m",
-                      job.module, *map(_shell_word, job.trainer_args)]),
+            *_srun_comment(job),
+            " ".join([*_srun(job), *map(_shell_word, job.trainer_args)]),
         ]) + "\n"
     lines += [
         "# `scancel --full -s USR1` also signals this shell, whose default would be to die: the ranks act on it.",
@@ -338,13 +385,26 @@ def render(job: Job, command: str) -> str:
         trainer.append('--checkpoint-dir "$RUN_DIR/checkpoints"')
     if not _has_option(job.trainer_args, "--result-json"):
         trainer.append('--result-json "$RUN_DIR/result.json"')
-    # --kill-on-bad-exit: a rank that dies takes the step down, instead of leaving the others
-    # waiting in a collective until the time limit.
-    srun = " ".join(["srun", "--kill-on-bad-exit=1", *map(shlex.quote, job.srun_options), "python", "-m",
-                     job.module])
-    lines.append(srun + " \\")
+    lines += _srun_comment(job)
+    lines.append(" ".join(_srun(job)) + " \\")
     lines += _wrap(trainer, "    ")
     return "\n".join(lines) + "\n"
+
+
+def _srun(job: Job) -> list[str]:
+    return ["srun", "--kill-on-bad-exit=1", f"--wait={job.srun_wait}", *map(shlex.quote, job.srun_options),
+            "python", "-m", job.module]
+
+
+def _srun_comment(job: Job) -> list[str]:
+    together = ("the ranks leave training together (a barrier after the result file and the last checkpoint)"
+                if not job.doctor else "the ranks end together, after the verdict")
+    text = ("--kill-on-bad-exit=1: a rank that fails ends the step, instead of leaving the others waiting in a "
+            f"collective until the time limit. --wait={job.srun_wait}: once the first rank has exited, Slurm ends "
+            f"the others {job.srun_wait} s later, so a rank frozen after the others ended (a stuck driver, a "
+            "stalled file system) does not hold the nodes until the time limit. A healthy rank needs seconds "
+            f"then: {together}, and only their shut-down is left.")
+    return ["# " + line for line in textwrap.wrap(text, 94)]
 
 
 def _wrap(words: list[str], indent: str, width: int = 96) -> list[str]:

@@ -1,10 +1,15 @@
 """`python -m hvdtrain.slurm` and the templates it wrote (fast tier: no cluster): inconsistent
 options refused with one line, time limits, trainer arguments kept, every template in slurm/ is
-the generator's output for its header and valid bash."""
+the generator's output for its header and valid bash, and one job-script convention everywhere
+(templates, the sbatch scripts and generator commands of README.md and docs/)."""
+import glob
 import os
+import re
+import shlex
 
 import pytest
 
+from conftest import REPO
 from hvdtrain import slurm as gen
 from hvdtrain.errors import UsageError
 from slurm_helpers import TEMPLATES, generator, run
@@ -27,6 +32,12 @@ from slurm_helpers import TEMPLATES, generator, run
     (["--preset", "jean-zay", "--framework", "tf", "--", "--amp"], "trainer option: unrecognized arguments: --amp"),
     (["--preset", "jean-zay", "--partition", "gpu;rm -rf /"], "has characters Slurm names do not"),
     (["--preset", "nowhere"], "invalid choice: 'nowhere'"),
+    (["--cpu-only", "--cpus-per-task", "1", "--srun-wait", "0"], "--srun-wait must be 1..65535 seconds"),
+    (["--cpu-only", "--cpus-per-task", "1", "--srun-option=--wait=30"], "use --srun-wait"),
+    (["--cpu-only", "--cpus-per-task", "1", "--setup", "module purge",
+      "--setup", "source $WORK/hvdtrain/.venv/bin/activate"], "comes after 'module purge' with no 'module load' between"),
+    (["--cpu-only", "--cpus-per-task", "1", "--setup", "module load a", "--setup", "module purge"],
+     "'module purge' is not followed by a 'module load'"),
 ])
 def test_generator_refuses_inconsistent_options(argv, says):
     done = generator(*argv)
@@ -54,7 +65,8 @@ def test_generator_writes_file_and_keeps_trainer_arguments(tmp_path):
     script = out.read_text()
     for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:4",
                  "#SBATCH --cpus-per-task=24", "#SBATCH --partition=booster", "#SBATCH --account=proj1",
-                 "#SBATCH --signal=USR1@300", "#SBATCH --requeue"):
+                 "#SBATCH --signal=USR1@600", "#SBATCH --requeue",
+                 "#SBATCH --open-mode=append", "srun --kill-on-bad-exit=1 --wait=120 python -m hvdtrain.torch"):
         assert line in script
     assert "B:USR1" not in script            # B: would signal the batch shell only, not the ranks
     assert '--data-dir "$SCRATCH/my data"' in script      # $ expanded by the job's shell, space kept
@@ -117,3 +129,130 @@ def test_generator_output_reads_back():
     assert gen.credited_argv(script) == ["--cpu-only", "--cpus-per-task", "2", "--", "--model", "mnist_cnn"]
     with pytest.raises(UsageError):
         gen.credited_argv("#!/bin/bash\necho hi\n")
+
+
+# ------------------------------------------------------------------------------ one convention everywhere
+DOCS = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+# The venv set-up makes in the clone (.venv), the clone where the README's cluster set-up puts it.
+VENVS = {"$WORK/hvdtrain/.venv": "git clone <this repository> $WORK/hvdtrain",   # Jean Zay
+         "$PROJECT/$USER/hvdtrain/.venv": "cd $PROJECT/$USER/hvdtrain"}          # JUWELS
+
+
+def code_blocks(path: str) -> list[tuple[str, str]]:
+    """(where, text) of each ``` block and each indented block of a markdown file."""
+    lines, blocks, i = open(path).read().splitlines(), [], 0
+    name = os.path.relpath(path, REPO)
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            j = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
+            blocks.append((f"{name}:{i + 2}", "\n".join(lines[i + 1:j])))
+            i = j + 1
+        elif lines[i].startswith("    ") and (i == 0 or not lines[i - 1].strip()):
+            j = i
+            while j < len(lines) and (lines[j].startswith("    ") or not lines[j].strip()):
+                j += 1
+            blocks.append((f"{name}:{i + 1}", "\n".join(ln[4:] for ln in lines[i:j])))
+            i = j
+        else:
+            i += 1
+    return blocks
+
+
+def sbatch_blocks() -> list[tuple[str, str]]:
+    """The sbatch scripts in README.md and docs/*.md: blocks with #SBATCH lines."""
+    return [(where, text) for path in DOCS for where, text in code_blocks(path)
+            if re.search(r"^#SBATCH ", text, re.M)]
+
+
+def generator_commands() -> list[tuple[str, list[str]]]:
+    """(where, generator argv) of each `python -m hvdtrain.slurm ...` and of each scaling study's
+    `python -m hvdtrain.compare ... -- <generator options>` in README.md, slurm/README.md, docs/."""
+    found = []
+    for path in [*DOCS, os.path.join(REPO, "slurm", "README.md")]:
+        for where, text in code_blocks(path):
+            for command in text.replace("\\\n", " ").splitlines():
+                if not command.startswith(("python -m hvdtrain.slurm ", "python -m hvdtrain.compare ")):
+                    continue
+                words = shlex.split(command, comments=True)
+                if words[:3] == ["python", "-m", "hvdtrain.slurm"] and words[3:4] not in (["--help"], ["regenerate"]):
+                    argv = words[3:words.index(">")] if ">" in words else words[3:]
+                    found.append((where, argv))
+                elif words[:3] == ["python", "-m", "hvdtrain.compare"] and "--" in words:
+                    found.append((where, [*words[words.index("--") + 1:], "--"]))
+    return found
+
+
+def convention_problems(script: str) -> list[str]:
+    """What a job script does against the convention: the venv set-up made, modules loaded again
+    after `module purge`, SIGUSR1 gen.SIGNAL_LEAD s before the limit with --requeue and
+    --open-mode=append (training), srun --kill-on-bad-exit=1 --wait=N."""
+    problems = []
+    directives = [ln.split(" #")[0].split()[1] for ln in script.splitlines() if ln.startswith("#SBATCH ")]
+    body = [ln.split(" #")[0].strip() for ln in script.replace("\\\n", " ").splitlines()
+            if ln.strip() and not ln.lstrip().startswith("#")]
+    for line in body:
+        m = re.search(r"(?:source|\.) +(\S+)/bin/activate", line)
+        if m and m.group(1) not in VENVS:
+            problems.append(f"activates {m.group(1)}, not the venv set-up made ({' or '.join(VENVS)})")
+    try:
+        gen._check_setup([ln for ln in body if not ln.startswith("srun ")])
+    except UsageError as err:
+        problems.append(str(err))
+    sruns = [ln for ln in body if ln.startswith("srun ")]
+    if not sruns:
+        problems.append("no srun line")
+    for line in sruns:
+        words = line.split()
+        if "--kill-on-bad-exit=1" not in words or not any(re.fullmatch(r"--wait=[1-9]\d*", w) for w in words):
+            problems.append(f"srun without --kill-on-bad-exit=1 --wait=N: {line[:80]}")
+    if any(re.search(r"-m hvdtrain\.(torch|tf)\b", ln) for ln in sruns):   # training: a time limit to survive
+        for wanted in (f"--signal=USR1@{gen.SIGNAL_LEAD}", "--requeue", "--open-mode=append"):
+            if wanted not in directives:
+                problems.append(f"no #SBATCH {wanted}")
+    return problems
+
+
+def test_the_conventions_venvs_are_where_the_readmes_set_up_makes_them():
+    readme = open(os.path.join(REPO, "README.md")).read()
+    for venv, set_up in VENVS.items():
+        assert set_up in readme, f"{venv}: the README's set-up no longer says '{set_up}'"
+
+
+def test_the_convention_check_has_teeth():
+    """The README's sbatch script as it was before the convention: every rule is broken once."""
+    old = ("#!/bin/bash\n#SBATCH --time=20:00:00\n#SBATCH --signal=USR1@120\n#SBATCH --requeue\n"
+           "module purge\nsource $WORK/venvs/hvdtrain/bin/activate\n"
+           "srun --kill-on-bad-exit=1 python -m hvdtrain.torch --model resnet50\n")
+    said = "\n".join(convention_problems(old))
+    for problem in ("activates $WORK/venvs/hvdtrain", "no 'module load' between", "without --kill-on-bad-exit=1 --wait",
+                    "no #SBATCH --signal=USR1@600", "no #SBATCH --open-mode=append"):
+        assert problem in said, said
+
+
+def test_there_are_sbatch_scripts_in_the_docs():
+    assert any(where.startswith("README.md:") for where, _ in sbatch_blocks())
+    assert len(generator_commands()) >= 6
+
+
+@pytest.mark.parametrize("where, script", sbatch_blocks(), ids=[w for w, _ in sbatch_blocks()])
+def test_docs_sbatch_script_is_the_generators_output_or_follows_the_convention(where, script):
+    """Each sbatch script of README.md and docs/*.md: the generator's output for its header
+    (then it follows the convention by construction), or a hand-written script that follows it
+    (and passes sbatch --test-only: tests/test_slurm_sites.py)."""
+    if gen.CREDIT.strip() in script:
+        assert script + "\n" == gen.generate(gen.credited_argv(script))[0], f"{where}: regenerate it"
+    assert convention_problems(script) == [], where
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=os.path.basename)
+def test_template_follows_the_convention(path):
+    assert convention_problems(open(path).read()) == [], path
+
+
+@pytest.mark.parametrize("where, argv", generator_commands(), ids=[w for w, _ in generator_commands()])
+def test_docs_generator_command_writes_a_script_that_follows_the_convention(where, argv):
+    """The generator commands of the docs (and a scaling study's generator options) write a
+    script with the docs' venv and modules; their signal lead may differ (a short test job)."""
+    script, _ = gen.generate([a for a in argv if a not in ("-o", "my.sbatch")])
+    problems = convention_problems(script)
+    assert [p for p in problems if not p.startswith("no #SBATCH --signal=")] == [], (where, problems)

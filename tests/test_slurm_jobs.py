@@ -2,7 +2,8 @@
 templates train 2 ranks to COMPLETED; USR1 checkpoints, requeues and resumes to the same weights as
 the uninterrupted job (the `uninterrupted` fixture, in conftest.py); scancel checkpoints without a
 requeue; `--signal=USR1@T` reaches the tasks, not the batch shell; the doctor template job is
-READY. Every wait has a hard timeout; a job still running at a timeout is cancelled."""
+READY; a rank frozen after the others ended does not hold the job (srun --wait). Every wait has a
+hard timeout; a job still running at a timeout is cancelled."""
 import glob
 import os
 import re
@@ -186,3 +187,58 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
         [ckpt_dir] = glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))
         steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(ckpt_dir)))]
         assert int(stopped.group(2)) in steps, (steps, text[-4000:])
+
+
+# ------------------------------------------------------------------------------ srun --wait: a rank frozen at the end
+def test_a_rank_frozen_after_the_others_ended_does_not_hold_the_job(slurm_cluster, tmp_path):
+    """The generator's script with `--srun-wait 10`, whose rank 1 task freezes itself (SIGSTOP)
+    right after its trainer ended, as a rank stuck at the end of its run (a driver, a file
+    system) would: Slurm ends the step about 10 s after rank 0 exited, instead of letting the
+    frozen rank hold the node until the time limit (10 minutes here)."""
+    wait = 10
+    script = tmp_path / "frozen.sbatch"
+    assert generator("--cpu-only", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "10",
+                     "--signal-lead", "60", "--srun-wait", str(wait), "--job-name", "hvdtrain-frozen",
+                     "-o", str(script), "--", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--steps", "5",
+                     "--threads-per-rank", "1").returncode == 0
+    text = script.read_text()
+    trainer = "python -m hvdtrain.torch \\\n"
+    assert f"srun --kill-on-bad-exit=1 --wait={wait} {trainer}" in text
+    # Each task runs the trainer and says when it ended; rank 1's task then stops itself.
+    freeze = ("bash -c '\"$@\"; echo \"rank $SLURM_PROCID ended $(date +%s.%N)\"; "
+              "[ \"$SLURM_PROCID\" != 1 ] || kill -STOP $$' task ")
+    script.write_text(text.replace(trainer, freeze + trainer))
+    job_id, log = submit(str(script), str(tmp_path))
+
+    def rank0_ended():
+        m = re.search(r"^rank 0 ended (\d+\.\d+)$", tail(log, 10**6), re.M)
+        return m and float(m.group(1))
+    rank0_end = wait_until("rank 0's end", rank0_ended, 240, job_id, log, every=0.2)
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    info = wait_until("the job's end", lambda: (i := job_info(job_id)).get("JobState") in ended and i, wait + 60,
+                      job_id, log, every=0.2)
+    took = time.time() - rank0_end
+    text = tail(log, 10**6)
+    assert re.search(r"^rank 1 ended ", text, re.M), text[-4000:]          # rank 1 trained to the end, then froze
+    assert result_of(str(tmp_path), job_id)["global_step"] == 5
+    assert wait - 1 <= took <= wait + 20, f"the job ended {took:.1f} s after rank 0 (--wait={wait}):\n{text[-4000:]}"
+    assert info["JobState"] == "FAILED", (info, text[-4000:])     # srun reports the rank it ended
+    # The frozen task went with the step (this session's cluster: other clusters number jobs alike).
+    mine = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CONF={os.environ['SLURM_CONF']}".encode()}
+
+    def job_processes():
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mine <= set(f.read().split(b"\0")):
+                        pids.append(pid)
+            except OSError:
+                continue
+        return pids
+    deadline = time.monotonic() + 10
+    while job_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not job_processes(), f"left behind: {job_processes()}"
+    print(f"rank 1 frozen at the end: the job ended {took:.1f} s after rank 0 exited (--wait={wait}), "
+          f"{info['JobState']}")

@@ -1,6 +1,6 @@
-"""The templates and the generator's output against nodes shaped like the sites' (Jean Zay
-gpu_p13 and gpu_p2, JUWELS booster), with `sbatch --test-only` on a second slurmctld, and the CPU
-templates against the local cluster."""
+"""The templates, the generator's output and the sbatch scripts of README.md and docs/ against
+nodes shaped like the sites' (Jean Zay gpu_p13 and gpu_p2, JUWELS booster), with `sbatch
+--test-only` on a second slurmctld, and the CPU templates against the local cluster."""
 import os
 import re
 import time
@@ -9,6 +9,7 @@ import pytest
 
 from conftest import base_env
 from slurm_helpers import TEMPLATES, generator, run, stop_daemons, tail, write_cluster_config
+from test_slurm_generator import sbatch_blocks
 
 SITE_NODES = """\
 NodeName=jz[1-4] NodeAddr=127.0.0.1 Sockets=2 CoresPerSocket=20 ThreadsPerCore=2 RealMemory=160000 Gres=gpu:4 State=CLOUD
@@ -92,3 +93,13 @@ def test_site_shaped_nodes_refuse_what_the_sites_would(site_shaped_controller, t
 @pytest.mark.parametrize("path", [t for t in TEMPLATES if "cpu" in os.path.basename(t)], ids=os.path.basename)
 def test_cpu_template_passes_test_only_on_the_local_cluster(slurm_cluster, path):
     _test_only(path, base_env())
+
+
+@pytest.mark.parametrize("where, script", sbatch_blocks(), ids=[w for w, _ in sbatch_blocks()])
+def test_docs_sbatch_script_passes_test_only_on_site_shaped_nodes(site_shaped_controller, tmp_path, where, script):
+    """The sbatch scripts of README.md and docs/*.md, as a user would copy them: Slurm parses
+    every directive and the request fits the site's nodes (their convention is checked in
+    tests/test_slurm_generator.py)."""
+    path = tmp_path / "job.sbatch"
+    path.write_text(script + "\n")
+    _test_only(str(path), site_shaped_controller)
