@@ -7,10 +7,17 @@ hvdtrain.tf.train once hvdtrain.tf.keras_compat has chosen the Keras version.
 Your own Keras `model.fit`: `hvdtrain.tf.start()` first, then
 `model.fit(..., callbacks=hvdtrain.tf.callbacks(model, ...))` (hvdtrain/tf/callbacks.py; loaded
 when first used, example tf_examples/keras_own_fit.py).
+
+Your own Keras model trained by hvdtrain's trainer: `hvdtrain.tf.fit(model, (x, y), (x_val, y_val),
+loss=..., **options)` (hvdtrain/tf/api.py; example tf_examples/keras_model_fit.py).
 """
 
 
 def __getattr__(name):
+    if name == "fit":  # hvdtrain.tf.fit(model, train_data, val_data, loss=..., **options): hvdtrain/tf/api.py
+        from hvdtrain.tf.api import fit
+
+        return fit
     if name in ("start", "callbacks"):
         import importlib
 

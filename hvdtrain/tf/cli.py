@@ -19,9 +19,9 @@ def train(cfg) -> None:
     from hvdtrain.tf import keras_compat
 
     keras = keras_compat.select(cfg.loop)  # before anything imports tensorflow
-    from hvdtrain.tf.train import Trainer
+    from hvdtrain.tf.train import run
 
-    Trainer(cfg, keras).train()
+    run(cfg, keras)
 
 
 def check(cfg) -> None:

@@ -1,7 +1,8 @@
 """tf.data pipelines built from hvdtrain.datasets: the same samples and split as the torch
 trainer, images channels-last. No distributed code here: rank and world size are plain numbers.
 
-    data = build_data(cfg)
+    data = build_data(cfg)                        # a built-in dataset
+    data = arrays_data((x, y), (x_val, y_val))    # arrays given to hvdtrain.tf.fit, in memory
     for x, y in data.train(epoch=0, skip_steps=0, rank=0, world_size=2, steps=10): ...
 
 Training: each epoch one permutation of all samples, the same on every rank (seeded by seed and
@@ -30,11 +31,11 @@ class TFData:
     """Sample i of a split: load(i). For arrays, images come from a pool indexed i % len(pool)."""
     train_size: int
     val_size: int
-    in_channels: int
-    num_classes: int
-    image_size: int
+    in_channels: int | None  # a built-in dataset's images (None: a user's arrays)
+    num_classes: int | None
+    image_size: int | None
     load_train: object    # batch of indices -> (images, labels), or one index for files
-    load_val: object
+    load_val: object      # None: no validation set
     per_sample: bool      # files are decoded one by one; arrays are gathered a batch at a time
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
 
@@ -86,14 +87,24 @@ def build_data(cfg, threads: int = 1) -> TFData:
     else:
         split = datasets.synthetic_split(cfg.synthetic_size, cfg.image_size, seed=cfg.seed)
     return TFData(len(split.y_train), len(split.y_val), split.in_channels, split.num_classes,
-                  split.image_size, _array_loader(split.x_train, split.y_train),
-                  _array_loader(split.x_val, split.y_val), per_sample=False, threads=threads)
+                  split.image_size, _array_loader(_nhwc(split.x_train), split.y_train),
+                  _array_loader(_nhwc(split.x_val), split.y_val), per_sample=False, threads=threads)
 
 
-def _array_loader(x_nchw: np.ndarray, y: np.ndarray):
-    x = tf.constant(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)))  # NCHW -> NHWC
+def arrays_data(train: tuple, val: tuple | None, threads: int = 1) -> TFData:
+    """(x, y) arrays as they are (the model's layout), held in memory: hvdtrain.tf.fit's data."""
+    return TFData(len(train[1]), len(val[1]) if val is not None else 0, None, None, None, _array_loader(*train),
+                  _array_loader(*val) if val is not None else None, per_sample=False, threads=threads)
+
+
+def _nhwc(x_nchw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1))
+
+
+def _array_loader(x: np.ndarray, y: np.ndarray):
+    pool = len(x)
+    x = tf.constant(x)
     labels = tf.constant(y)
-    pool = len(x_nchw)
 
     def load(idx):
         return tf.gather(x, idx % pool), tf.gather(labels, idx)

@@ -6,7 +6,7 @@ step inline through the trainer's loop API (`trainer.before_step()`, then
 way for every trainer (hvdtrain/meter.py). Weight decay is an L2 term in the loss
 (gradient `weight_decay * w`, as torch's SGD/Adam `weight_decay`), except for AdamW.
 
-    loop = make_loop(cfg, keras, model, backend, trainer)
+    loop = make_loop(cfg, keras, model, backend, trainer, loss)   # loss None: cross-entropy
     loop.run_epoch(dataset, epoch, steps, start_step)   # start_step: where in the epoch it resumes
 """
 from __future__ import annotations
@@ -20,16 +20,25 @@ from hvdtrain.schedule import lr_factor
 from hvdtrain.tf.devices import tf_variable
 
 
-def make_loop(cfg, keras, model, backend, trainer):
-    return (FitLoop if cfg.loop == "fit" else CustomLoop)(cfg, keras, model, backend, trainer)
+def make_loop(cfg, keras, model, backend, trainer, loss=None):
+    return (FitLoop if cfg.loop == "fit" else CustomLoop)(cfg, keras, model, backend, trainer, loss)
 
 
 def l2_penalty(variables, weight_decay: float):
     return weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in variables])  # l2_loss = sum(v**2) / 2
 
 
-def step_stats(labels, logits):
-    """(sum of cross-entropy, correct, count) of a batch, float64: metrics reduce as sums."""
+def step_stats(labels, logits, loss=None):
+    """(sum of the loss over the samples, correct, count) of a batch, float64 (metrics reduce as
+    sums), and the batch's mean loss, which the step minimises. loss None: the cross-entropy of
+    logits against integer labels, and the correct predictions counted. A user's
+    loss(y_true, y_pred) (Keras' order) gives the samples' losses or their mean over the batch, as
+    Keras' losses do: its mean times the count is the sum (exact for a short last batch too);
+    nothing is counted correct (no accuracy)."""
+    if loss is not None:
+        mean = tf.reduce_mean(loss(labels, logits))
+        n = tf.cast(tf.shape(logits)[0], tf.float64)
+        return tf.stack([tf.cast(mean, tf.float64) * n, tf.zeros((), tf.float64), n]), mean
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float64))
     n = tf.cast(tf.shape(labels)[0], tf.float64)
@@ -53,8 +62,9 @@ class CustomLoop:
     Both ways reduce and apply the gradients with the same operations: the same losses bit for
     bit, and Horovod-TF and MWMS still agree step for step (hvdtrain.compare's parity)."""
 
-    def __init__(self, cfg, keras, model, backend, trainer):
+    def __init__(self, cfg, keras, model, backend, trainer, loss=None):
         self.cfg, self.model, self.backend, self.trainer = cfg, model, backend, trainer
+        user_loss = loss  # None: cross-entropy (step_stats)
         opt = keras.optimizers
         if cfg.optimizer == "sgd":
             self.optimizer = opt.SGD(learning_rate=cfg.lr, momentum=cfg.momentum)
@@ -74,7 +84,7 @@ class CustomLoop:
         def gradients(x, y, reduce_in_tape):
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
-                stats, loss = step_stats(y, logits)
+                stats, loss = step_stats(y, logits, user_loss)
                 if decay:
                     loss += l2_penalty(model.trainable_variables, decay)
                 # tf.distribute sums gradients over replicas; Horovod averages them (scale 1).
@@ -143,11 +153,13 @@ class CustomLoop:
 
 
 class FitLoop:
-    """Keras 2 (tf_keras) `model.fit` with horovod.tensorflow.keras, one fit call per epoch."""
+    """Keras 2 (tf_keras) `model.fit` with horovod.tensorflow.keras, one fit call per epoch. The
+    model is compiled here, with hvdtrain's optimizer and the loss (a model compiled before keeps
+    neither its optimizer nor its metrics)."""
 
     split = False  # Keras runs fit's step: not split into phases (no breakdown)
 
-    def __init__(self, cfg, keras, model, backend, trainer):
+    def __init__(self, cfg, keras, model, backend, trainer, loss=None):
         self.cfg, self.model, self.trainer = cfg, model, trainer
         if cfg.optimizer == "adamw":
             raise UsageError("--loop fit uses tf-keras's legacy optimizers (Horovod's LR callbacks need "
@@ -163,13 +175,20 @@ class FitLoop:
         self.optimizer._create_all_weights(model.trainable_variables)
         if cfg.weight_decay:
             model.add_loss(lambda: l2_penalty(model.trainable_variables, cfg.weight_decay))
-        model.compile(optimizer=self.optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc"),
-                               keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
+        # The step's loss apart from the L2 term (fit's "loss" log includes it), and the accuracy.
+        if loss is None:
+            model.compile(optimizer=self.optimizer,
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc"),
+                                   keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
+            logged = ("ce", "acc")
+        else:
+            model.compile(optimizer=self.optimizer, loss=loss,
+                          metrics=[keras.metrics.MeanMetricWrapper(loss, name="user_loss")])
+            logged = ("user_loss", None)
         self.lr_callbacks = self._lr_callbacks(keras, backend)
         self.callbacks = backend.fit_callbacks() + self.lr_callbacks
-        self.progress = _Progress(keras, trainer, cfg.batch_size)
+        self.progress = _Progress(keras, trainer, cfg.batch_size, *logged)
 
     def _lr_callbacks(self, keras, backend) -> list:
         cfg, spe = self.cfg, self.trainer.plan.steps_per_epoch
@@ -230,9 +249,10 @@ def _ShiftBatches(keras, inner):
     return ShiftBatches()
 
 
-def _Progress(keras, trainer, batch_size: int):
-    """Reports each fit step to the trainer with its (ce sum, correct, count), recovered from
-    Keras' running means, and stops fit when the trainer says so."""
+def _Progress(keras, trainer, batch_size: int, loss_log: str, accuracy_log: str | None):
+    """Reports each fit step to the trainer with its (loss sum, correct, count), recovered from
+    Keras' running means of the logs named (no accuracy log: nothing correct), and stops fit when
+    the trainer says so."""
 
     class Progress(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -243,7 +263,8 @@ def _Progress(keras, trainer, batch_size: int):
 
         def on_train_batch_end(self, batch, logs=None):
             n = (batch + 1) * batch_size  # fit's batches are full: drop_remainder
-            cumulative = np.array([logs["ce"] * n, logs["acc"] * n, n], dtype=np.float64)
+            correct = logs[accuracy_log] * n if accuracy_log else 0.0
+            cumulative = np.array([logs[loss_log] * n, correct, n], dtype=np.float64)
             stats, self.seen = cumulative - self.seen, cumulative
             if trainer.step_done(stats):
                 self.model.stop_training = True

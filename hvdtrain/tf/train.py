@@ -6,8 +6,10 @@ GradientTape loop.
     srun --mpi=pmix -n 2 python -m hvdtrain.tf --model resnet50 --dataset synthetic --image-size 64 --steps 20
 
 Every rank runs this file; rank 0 alone logs, writes checkpoints and the result file. The
-command line, checkpoint policy and result file are those of hvdtrain.torch. Import this module
-only after `keras_compat.select()` (main() does it): it imports tensorflow.
+command line, checkpoint policy and result file are those of hvdtrain.torch. What it trains is a
+workload (hvdtrain/tf/workload.py): the command line's built-in model and dataset, or the model,
+arrays and loss given to hvdtrain.tf.fit (hvdtrain/tf/api.py). Import this module only after
+`keras_compat.select()` (main() and fit() do it): it imports tensorflow.
 """
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ import tensorflow as tf
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
-from hvdtrain.tf.data import build_data
 from hvdtrain.tf.loops import make_loop, step_stats
-from hvdtrain.tf.models import build_model
+from hvdtrain.tf.workload import TFWorkload, from_config
 from hvdtrain.trainer import EpochTrainer
 
 PROG = "hvdtrain.tf"
@@ -58,19 +60,41 @@ class Trainer(EpochTrainer):
     prog = PROG
     tensorboard_writer = TFSummaryWriter
 
-    def __init__(self, cfg: TrainConfig, keras):
+    def __init__(self, cfg: TrainConfig, keras, workload: TFWorkload):
         self.keras = keras  # the Keras the loop runs on (keras_compat.select): the hooks build with it
+        self.workload = workload  # what to train (hvdtrain/tf/workload.py): built-in or the user's
+        self.reports_accuracy = workload.loss is None
+        self.threads_left = None  # why TensorFlow's own thread counts stay, if they do
         super().__init__(cfg)
 
     def _set_threads(self, threads: int) -> None:
-        set_threads(threads)
+        try:
+            set_threads(threads)
+        except RuntimeError:
+            # TensorFlow runs already (fit() was given a model or a tf.data.Dataset made before
+            # it): its pools are sized, and stay as they are.
+            threading = tf.config.threading
+            self.threads_left = (f"TensorFlow was started before hvdtrain (a model or dataset made first): its own "
+                                 f"threads stay (intra-op {threading.get_intra_op_parallelism_threads()}, inter-op "
+                                 f"{threading.get_inter_op_parallelism_threads()}; 0: one per core), not {threads}; "
+                                 "give fit() a function that builds the model, and arrays, to have them set")
 
     # ------------------------------------------------------------------ the start (EpochTrainer.__init__)
     def _setup_device(self) -> str:
         return self.backend.device  # pinned by the backend, before TensorFlow placed anything
 
     def _build_data(self) -> tuple[int, int]:
-        self.data = build_data(self.cfg, self.threads)
+        if self.threads_left:
+            self.reporter.info(self.threads_left)
+        fingerprint = self.workload.fingerprint
+        if fingerprint is not None:  # before any rank trains on a shard of data the others do not have
+            every = self.backend.allgather_object(fingerprint, "data_fingerprint")
+            if len(set(every)) > 1:
+                ranks = ", ".join(f"rank {r}: {f}" for r, f in enumerate(every))
+                raise UsageError(f"fit() was given other data on other ranks (checksums {ranks}): every rank must "
+                                 "pass the same samples in the same order (hvdtrain shards and shuffles them itself; "
+                                 "an unseeded shuffle before fit() gives each rank its own order)")
+        self.data = self.workload.data(self.threads)
         self.data_threads: dict = {}  # tf.data's pools, read off the training pipeline
         return self.data.train_size, self.data.val_size
 
@@ -81,9 +105,10 @@ class Trainer(EpochTrainer):
         # the two start from the same weights and draw the same numbers (hvdtrain.compare's parity).
         keras.utils.set_random_seed(cfg.seed)
         with b.scope():  # tf.distribute creates mirrored variables in its scope; Horovod: no-op
-            self.model = build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
-            self.loop = make_loop(cfg, keras, self.model, b, self)
-        self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False))[0],
+            self.model = self.workload.build_model(keras, d)
+            self.loop = make_loop(cfg, keras, self.model, b, self, self.workload.loss)
+        loss = self.workload.loss
+        self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False), loss)[0],
                                       reduce_retracing=True)
 
     def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
@@ -120,6 +145,11 @@ class Trainer(EpochTrainer):
             current = self._checkpoint_config()
             # (--loop too: fit's tf_keras legacy optimizer and custom's Keras 3 one keep different slots.)
             ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current)
+            # fit()'s loss too, which the command line does not take (so not among its keys).
+            saved_loss = meta["config"].get("loss", "cross_entropy")
+            if saved_loss != current["loss"]:
+                raise UsageError(f"checkpoint {path} does not match this run: loss: checkpoint {saved_loss!r}, this "
+                                 f"run {current['loss']!r} (use another checkpoint_dir)")
             for prefix, variables in (("model", self.model.weights),
                                       ("optimizer", self.loop.optimizer_variables())):
                 arrays = [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
@@ -175,7 +205,8 @@ class Trainer(EpochTrainer):
             sums += self._eval_step(x, y).numpy()
         total = self.backend.allreduce_sum(sums, "val_sums")
         count = int(total[2])
-        return {"val_loss": total[0] / count, "val_acc": total[1] / count, "val_count": count}
+        return {"val_loss": total[0] / count, "val_acc": total[1] / count if self.reports_accuracy else None,
+                "val_count": count}
 
     # ------------------------------------------------------------------ checkpoints and results
     def _save_checkpoint(self):
@@ -194,3 +225,10 @@ class Trainer(EpochTrainer):
         ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
         ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
         self.reporter.info(f"checkpoint {path}")
+
+
+
+def run(cfg: TrainConfig, keras, workload: TFWorkload | None = None) -> dict:
+    """Train cfg's built-in workload (or `workload`, fit's) on `keras` (keras_compat.select's, or
+    the Keras of fit's model): the result."""
+    return Trainer(cfg, keras, workload or from_config(cfg)).train()
