@@ -19,7 +19,7 @@ import time
 
 from hvdtrain import options
 from hvdtrain.config import TrainConfig
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import UsageError, in_one_line
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.(pt|npz)$")
@@ -333,3 +333,27 @@ def rescale_position(position: Position, saved: dict, cfg, steps_per_epoch: int)
             f"{seen} samples of epoch {epoch + 1} seen: step {step_in_epoch} (global {global_step}) -> step "
             f"{new_step_in_epoch} (global {new_global_step})")
     return dataclasses.replace(position, step_in_epoch=new_step_in_epoch, global_step=new_global_step), note
+
+
+def load_newest(checkpoint_dir: str, read, say) -> tuple[str | None, object]:
+    """Rank 0, for the APIs around users' own loops: (path, read(path)) of the newest checkpoint of
+    checkpoint_dir that reads, or (None, None) when it holds none. The directory must be writable
+    (found now, not after an epoch's work); a crash's temporaries are removed; an unreadable
+    checkpoint (a crash, a bad copy) is said and gives way to the one before; when none reads,
+    starting afresh would silently lose the run: a UsageError, as is any `read` raises."""
+    problem = check_writable(checkpoint_dir, None, None)
+    if problem:
+        raise UsageError(problem)
+    remove_stale_temporaries(checkpoint_dir)
+    unreadable = None
+    for path in reversed(list_checkpoints(checkpoint_dir)):
+        try:
+            return path, read(path)
+        except UsageError:
+            raise
+        except Exception as err:  # noqa: BLE001 - reported by path
+            unreadable = f"checkpoint {path} is unreadable ({in_one_line(err)})"
+            say(f"{unreadable}: trying the one before")
+    if unreadable:
+        raise UsageError(f"{unreadable}, and no older one reads")
+    return None, None

@@ -13,6 +13,7 @@ What a user can rely on (and the tests check, tests/test_torch_errors.py):
   if they got there in time; the job's exit status is non-zero. Waiting for the other ranks
   instead would turn a rank that never gets there (one given other options) into a hang.
 """
+import functools
 import os
 import sys
 
@@ -49,3 +50,22 @@ def report_and_exit(err: BaseException, prog: str) -> None:
     sys.stdout.flush()
     # os._exit: do not run Horovod's/MPI's atexit shutdown, which waits for the other ranks.
     os._exit(EXIT_USAGE)
+
+
+def exits_on_usage_error(prog: str):
+    """Decorator: a UsageError raised by the function ends this rank with report_and_exit's one
+    line and exit 2, as on the command line (for the calls of hvdtrain's APIs in users' scripts)."""
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except UsageError as err:
+                report_and_exit(err, prog)
+        return wrapper
+    return decorate
+
+
+def in_one_line(err: BaseException) -> str:
+    """An exception as 'Type: its first line', for a message of one line."""
+    return f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"

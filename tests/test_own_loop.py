@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import PYTHON, REPO, base_env, launch, launcher_prefix, rank_pids
+from hvdtrain import errors
 from hvdtrain.config import TrainConfig
 from hvdtrain.torch import loop
 from hvdtrain.torch.backend import TorchBackend
@@ -113,7 +114,7 @@ def new_run(monkeypatch):
     def exit_with_line(err, prog):
         raise SystemExit(f"{prog}: error: {err}")
 
-    monkeypatch.setattr(loop, "report_and_exit", exit_with_line)
+    monkeypatch.setattr(errors, "report_and_exit", exit_with_line)
     yield lambda: loop.Run(OneRank(), TrainConfig(seed=0), torch.device("cpu"), Watchdog(0, "test", 0, 1))
     for sig, handler in kept.items():
         signal.signal(sig, handler)

@@ -5,7 +5,7 @@ hvdtrain.tf.train once hvdtrain.tf.keras_compat has chosen the Keras version.
     mpirun -np 2 python -m hvdtrain.tf --model mnist_cnn --dataset digits --loop custom --epochs 8
 
 Your own Keras `model.fit`: `hvdtrain.tf.start()` first, then
-`model.fit(..., callbacks=hvdtrain.tf.callbacks(model, ...))` (hvdtrain/tf/callbacks.py; loaded
+`model.fit(..., callbacks=hvdtrain.tf.callbacks(model, ...))` (hvdtrain/tf/keras_callbacks.py; loaded
 when first used, example tf_examples/keras_own_fit.py).
 
 Your own Keras model trained by hvdtrain's trainer: `hvdtrain.tf.fit(model, (x, y), (x_val, y_val),
@@ -18,11 +18,8 @@ def __getattr__(name):
         from hvdtrain.tf.api import fit
 
         return fit
-    if name in ("start", "callbacks"):
-        import importlib
+    if name in ("start", "callbacks"):  # your own model.fit: hvdtrain/tf/keras_callbacks.py
+        from hvdtrain.tf import keras_callbacks
 
-        # The module hvdtrain/tf/callbacks.py is callable: hvdtrain.tf.callbacks(model, ...) calls
-        # its callbacks() whether this or an `import hvdtrain.tf.callbacks` loaded it.
-        module = importlib.import_module("hvdtrain.tf.callbacks")
-        return module if name == "callbacks" else module.start
+        return getattr(keras_callbacks, name)
     raise AttributeError(f"module 'hvdtrain.tf' has no attribute '{name}'")

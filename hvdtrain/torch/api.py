@@ -19,7 +19,7 @@ import gc
 
 from hvdtrain import plugins
 from hvdtrain.config import config_from_values
-from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.torch.workload import CROSS_ENTROPY, TorchWorkload, check_pairs
 
 PROG = "hvdtrain.torch"
@@ -32,21 +32,23 @@ def fit(model, train_data, val_data=None, *, loss=None, **options) -> dict:
     reported). `options`: the command line's, e.g. epochs=, batch_size= (per rank), base_lr=,
     optimizer=, checkpoint_dir=, amp=, backend=. Returns what the result file holds (config,
     history, per-rank throughput and checksums)."""
-    from hvdtrain.torch.train import run
-
-    try:
-        given = sorted({"model", "dataset", "loss"} & set(options))
-        if given:
-            raise UsageError(f"fit() takes the model, the data and the loss as arguments, not as options "
-                             f"({', '.join(given)}=)")
-        names = {"model": plugins.describe(model), "dataset": plugins.describe(train_data),
-                 "loss": plugins.describe(loss) if loss is not None else CROSS_ENTROPY}
-        cfg = config_from_values("torch", {**names, **options})
-        check_pairs(train_data, "fit(): train_data")
-        if val_data is not None:
-            check_pairs(val_data, "fit(): val_data")
-        result = run(cfg, TorchWorkload(model, train_data, val_data, loss, model_name=names["model"]))
-    except UsageError as err:
-        report_and_exit(err, PROG)
+    result = _fit(model, train_data, val_data, loss, options)
     gc.collect()  # the trainer's cycles, and with them the process group, go now (hvdtrain/cli.py)
     return result
+
+
+@exits_on_usage_error(PROG)
+def _fit(model, train_data, val_data, loss, options: dict) -> dict:
+    from hvdtrain.torch.train import run
+
+    given = sorted({"model", "dataset", "loss"} & set(options))
+    if given:
+        raise UsageError(f"fit() takes the model, the data and the loss as arguments, not as options "
+                         f"({', '.join(given)}=)")
+    names = {"model": plugins.describe(model), "dataset": plugins.describe(train_data),
+             "loss": plugins.describe(loss) if loss is not None else CROSS_ENTROPY}
+    cfg = config_from_values("torch", {**names, **options})
+    check_pairs(train_data, "fit(): train_data")
+    if val_data is not None:
+        check_pairs(val_data, "fit(): val_data")
+    return run(cfg, TorchWorkload(model, train_data, val_data, loss, model_name=names["model"]))

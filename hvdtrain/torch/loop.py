@@ -17,7 +17,6 @@ same points; bad input ends every rank with one line, exit 2. Example: torch_exa
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 from hvdtrain import checkpoint as ckpt, tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
-from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.errors import UsageError, exits_on_usage_error, in_one_line
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
@@ -37,22 +36,9 @@ from hvdtrain.watchdog import Watchdog
 PROG = "hvdtrain.torch.loop"
 
 
-def _one_line_errors(method):
-    """A UsageError ends this rank with one line and exit 2 (hvdtrain/errors.py), not a traceback."""
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except UsageError as err:
-            report_and_exit(err, PROG)
-    return wrapper
 
 
-def _why(err: BaseException) -> str:  # an exception in one line
-    return f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"
-
-
-@_one_line_errors
+@exits_on_usage_error(PROG)
 def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int | None = None) -> "Run":
     """hvd.init() with hvdtrain's settings, device, threads, stop signals, watchdog (armed first)."""
     cfg = TrainConfig(seed=seed, watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
@@ -97,7 +83,7 @@ class Run:
         self._prepared.append(optimizer)
         return model, optimizer
 
-    @_one_line_errors
+    @exits_on_usage_error(PROG)
     def loader(self, dataset, batch_size: int, epoch: int, *, num_workers: int = 2):
         """This rank's seeded shard of `epoch` (batch_size per rank; a resumed epoch's rest), drop_last."""
         cfg = dataclasses.replace(self.cfg, batch_size=batch_size, num_workers=num_workers)  # checks them
@@ -130,7 +116,7 @@ class Run:
                      f"{self.position.step_in_epoch} batch(es)")
         return self.stopped_by is not None
 
-    @_one_line_errors
+    @exits_on_usage_error(PROG)
     def resume(self, checkpoint_dir: str, model, optimizer) -> int:
         """Rank 0 loads the newest checkpoint that reads, every rank takes it: the epoch to start at."""
         if not any(optimizer is o for o in self._prepared):
@@ -148,34 +134,29 @@ class Run:
         return self.position.epoch
 
     def _load_newest(self, checkpoint_dir: str, model, optimizer) -> dict:
-        problem = ckpt.check_writable(checkpoint_dir, None, None)  # now, not after an epoch's work
-        if problem:
-            return {"error": problem}
-        ckpt.remove_stale_temporaries(checkpoint_dir)
-        unreadable = None  # a crash, a bad copy: the one before it may read
-        for path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
-            try:
-                distrust = ckpt.trust_problem(path, torch.__version__, trusted=False)  # torch < 2.6
-                if distrust:
-                    return {"error": distrust}
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as err:  # noqa: BLE001 - reported by path
-                unreadable = f"checkpoint {path} is unreadable ({_why(err)})"
-                self.log(f"{unreadable}: trying the one before")
-                continue
-            kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-            try:  # it reads but does not fit: no older one will
-                model.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-            except Exception as err:  # noqa: BLE001 - one line, naming the file
-                return {"error": f"checkpoint {path} does not fit this model or optimizer ({_why(err)})"}
-            for group, settings in zip(optimizer.param_groups, kept):
-                group.update(settings)  # this run's LR (scaled for its world size), not the checkpoint's
-            return {"path": path, "position": ckpt.Position.from_checkpoint(state), "batching": state["batching"]}
-        # None reads: starting afresh would silently lose the run.
-        return {"error": f"{unreadable}, and no older one reads"} if unreadable else {}
+        def read(path):
+            distrust = ckpt.trust_problem(path, torch.__version__, trusted=False)  # torch < 2.6
+            if distrust:
+                raise UsageError(distrust)
+            return torch.load(path, map_location="cpu", weights_only=True)
 
-    @_one_line_errors
+        try:
+            path, state = ckpt.load_newest(checkpoint_dir, read, self.log)
+        except UsageError as err:
+            return {"error": str(err)}
+        if path is None:
+            return {}
+        kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+        try:  # it reads but does not fit: no older one will
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except Exception as err:  # noqa: BLE001 - one line, naming the file
+            return {"error": f"checkpoint {path} does not fit this model or optimizer ({in_one_line(err)})"}
+        for group, settings in zip(optimizer.param_groups, kept):
+            group.update(settings)  # this run's LR (scaled for its world size), not the checkpoint's
+        return {"path": path, "position": ckpt.Position.from_checkpoint(state), "batching": state["batching"]}
+
+    @exits_on_usage_error(PROG)
     def save(self, checkpoint_dir: str, model, optimizer, *, keep: int = 3) -> None:
         """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank."""
         self.watchdog.beat(where="writing a checkpoint")

@@ -34,8 +34,6 @@ import dataclasses
 import functools
 import json
 import os
-import sys
-import types
 import zipfile
 
 import numpy as np
@@ -43,7 +41,7 @@ import numpy as np
 from hvdtrain import checkpoint as ckpt, tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
-from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.meter import stop_reason, stop_votes
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
@@ -51,26 +49,13 @@ from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 from hvdtrain.watchdog import Watchdog
 
 PROG = "hvdtrain.tf"
-WRITER = "hvdtrain.tf.callbacks"  # in each checkpoint's meta: which code wrote it
+WRITER = "hvdtrain.tf.callbacks"  # in each checkpoint's meta: which API wrote it
 _job: "Job | None" = None  # the process's Horovod job (Horovod itself is one per process)
 
 
-def _one_line_errors(function):
-    """A UsageError ends this rank with one line and exit 2 (hvdtrain/errors.py), not a traceback."""
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except UsageError as err:
-            report_and_exit(err, PROG)
-    return wrapper
 
 
-def _why(err: BaseException) -> str:  # an exception in one line
-    return f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"
-
-
-@_one_line_errors
+@exits_on_usage_error(PROG)
 def start(seed: int | None = None, *, threads: int | None = None, watchdog_seconds: float | None = None) -> "Job":
     """Every rank, before TensorFlow builds anything: Keras 2 for tf.keras, this rank's CPU threads,
     hvd.init() with hvdtrain's settings (the watchdog armed around it), this rank's GPU, the stop
@@ -98,7 +83,7 @@ def start(seed: int | None = None, *, threads: int | None = None, watchdog_secon
     return _job
 
 
-@_one_line_errors
+@exits_on_usage_error(PROG)
 def callbacks(model, *, checkpoint_dir: str | None = None, warmup_epochs: int = 0, scale_lr: bool = True,
               keep: int = 3, stop_check_batches: int = 10) -> "Callbacks":
     """The callbacks for `model.fit(..., initial_epoch=cbs.initial_epoch, callbacks=cbs)`, every
@@ -140,7 +125,7 @@ class Job:
         if self.is_rank0 or every_rank:
             say(f"{PROG}: {line}")
 
-    @_one_line_errors
+    @exits_on_usage_error(PROG)
     def optimizer(self, optimizer):
         """`optimizer` (a Keras 2 legacy one) averaging its gradients over ranks (Horovod's
         DistributedOptimizer, with the trainer's options: hvdtrain/tf/backend_horovod.py)."""
@@ -153,7 +138,7 @@ class Job:
                              f"the API Horovod's LR callbacks drive; got {type(optimizer).__module__}."
                              f"{type(optimizer).__name__}")
 
-    @_one_line_errors
+    @exits_on_usage_error(PROG)
     def callbacks(self, model, *, checkpoint_dir=None, warmup_epochs=0, scale_lr=True, keep=3,
                   stop_check_batches=10) -> Callbacks:
         keras = self.keras
@@ -227,37 +212,33 @@ class Job:
         return position
 
     def _load_newest(self, checkpoint_dir, model, optimizer) -> dict:
-        problem = ckpt.check_writable(checkpoint_dir, None, None)  # now, not after an epoch's work
-        if problem:
-            return {"error": problem}
-        ckpt.remove_stale_temporaries(checkpoint_dir)
-        unreadable = None  # a crash, a bad copy: the one before it may read
-        for path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
-            try:
-                if not zipfile.is_zipfile(path):
-                    raise ValueError("not an .npz archive")
-                with np.load(path, allow_pickle=False) as saved:
-                    meta = json.loads(str(saved["meta"]))
-                    arrays = {prefix: [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
+        def read(path):
+            if not zipfile.is_zipfile(path):
+                raise ValueError("not an .npz archive")
+            with np.load(path, allow_pickle=False) as saved:
+                meta = json.loads(str(saved["meta"]))
+                return meta, {prefix: [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
                               for prefix in ("model", "optimizer")}
-            except Exception as err:  # noqa: BLE001 - reported by path
-                unreadable = f"checkpoint {path} is unreadable ({_why(err)})"
-                self.log(f"{unreadable}: trying the one before")
-                continue
-            # It reads but does not fit: no older one will.
-            for prefix, variables in (("model", model.weights), ("optimizer", optimizer.variables())):
-                values = arrays[prefix]
-                shapes = [tuple(v.shape) for v in variables], [a.shape for a in values]
-                if meta.get("written_by") != WRITER or shapes[0] != shapes[1]:
-                    return {"error": f"checkpoint {path} does not fit this model and optimizer ({prefix}: "
-                                     f"{len(values)} arrays saved for {len(variables)} variables, or other shapes; "
-                                     f"written by {meta.get('written_by', 'the hvdtrain.tf trainer')})"}
-                for var, value in zip(variables, values):
-                    var.assign(value)
-            return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
-                                                                    "history")}}
-        # None reads: starting afresh would silently lose the run.
-        return {"error": f"{unreadable}, and no older one reads"} if unreadable else {}
+
+        try:
+            path, found = ckpt.load_newest(checkpoint_dir, read, self.log)
+        except UsageError as err:
+            return {"error": str(err)}
+        if path is None:
+            return {}
+        meta, arrays = found
+        # It reads but does not fit: no older one will.
+        for prefix, variables in (("model", model.weights), ("optimizer", optimizer.variables())):
+            values = arrays[prefix]
+            shapes = [tuple(v.shape) for v in variables], [a.shape for a in values]
+            if meta.get("written_by") != WRITER or shapes[0] != shapes[1]:
+                return {"error": f"checkpoint {path} does not fit this model and optimizer ({prefix}: "
+                                 f"{len(values)} arrays saved for {len(variables)} variables, or other shapes; "
+                                 f"written by {meta.get('written_by', 'the hvdtrain.tf trainer')})"}
+            for var, value in zip(variables, values):
+                var.assign(value)
+        return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
+                                                                "history")}}
 
     def save(self, checkpoint_dir, model, at: ckpt.Position, keep: int) -> None:
         """Every rank: rank 0 writes weights, optimizer state and position atomically; a failure ends every rank."""
@@ -306,7 +287,7 @@ def _guard_class(keras):
             self.position, self.initial_epoch = position, position.epoch
             self.watchdog, self.stopped_by, self.first_epoch = None, None, True
 
-        @_one_line_errors
+        @exits_on_usage_error(PROG)
         def on_train_begin(self, logs=None):
             job = self.job
             self.watchdog = Watchdog(job.cfg.watchdog_seconds, PROG, job.rank, job.world_size)
@@ -319,7 +300,7 @@ def _guard_class(keras):
                 raise UsageError(f"the ranks run different numbers of batches per epoch ({counts}, in rank order): "
                                  "give every rank as many samples (drop the remainder), or pass steps_per_epoch")
 
-        @_one_line_errors
+        @exits_on_usage_error(PROG)
         def on_epoch_begin(self, epoch, logs=None):
             if self.first_epoch and epoch != self.initial_epoch:
                 raise UsageError(f"model.fit started at epoch {epoch + 1}, but the run is at epoch "
@@ -338,7 +319,7 @@ def _guard_class(keras):
         def on_test_batch_end(self, batch, logs=None):  # fit's validation
             self.watchdog.beat(where="validating")
 
-        @_one_line_errors
+        @exits_on_usage_error(PROG)
         def on_epoch_end(self, epoch, logs=None):
             job = self.job
             self.watchdog.beat(where="ending the epoch")
@@ -366,15 +347,3 @@ def _guard_class(keras):
             self.job.requeue_if_asked(self.stopped_by)
 
     return Guard
-
-
-
-class _CallableModule(types.ModuleType):
-    """Once imported, this module is what `hvdtrain.tf.callbacks` names (Python sets a package's
-    attribute to its submodule, over the package's __getattr__): calling it calls callbacks()."""
-
-    def __call__(self, model, **options) -> Callbacks:
-        return callbacks(model, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule
