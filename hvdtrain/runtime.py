@@ -1,6 +1,6 @@
 """Process-level setup shared by the trainers: CPU threads per rank, stop signals, requeue.
 
-Slurm sends SIGUSR1 (`#SBATCH --signal=USR1@120`) ahead of the time limit and SIGTERM when it
+Slurm sends SIGUSR1 (`#SBATCH --signal=USR1@600`) ahead of the time limit and SIGTERM when it
 cancels or preempts a job, or at the limit. Handlers only set a flag; the trainer reduces that
 flag over ranks at its next step boundary so that every rank stops at the same step and rank 0
 checkpoints. After SIGUSR1 rank 0 also requeues the job, which then resumes from that checkpoint;
