@@ -290,3 +290,27 @@ def finish_launch(proc: subprocess.Popen, timeout: float) -> tuple[Launch, float
         out, _ = proc.communicate()
         pytest.fail(f"the job did not end within {timeout:.0f} s (a rank hung?)\nlast output:\n{out[-6000:]}")
     return Launch(proc.returncode, out, proc.args), time.monotonic() - started
+
+
+def usr1_to_rank0_once(argv: list[str], log, unique: str, ready: str, timeout: float = 120) -> str:
+    """Launch `argv` on 2 ranks (mpirun), output to the file `log`; once `ready` appears in it,
+    SIGUSR1 to rank 0 only (rank 1 must learn it from the ranks' vote); the job must end with
+    exit 0 within `timeout`. Returns the output. `unique`: a path in rank 0's command line only
+    this test uses (rank_pids)."""
+    import time
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen(launcher_prefix("mpirun", 2) + argv, stdout=out, stderr=subprocess.STDOUT,
+                                text=True, env=base_env(), cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while ready not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.05)
+        [pid] = rank_pids(unique, 0)
+        os.kill(pid, signal.SIGUSR1)
+        assert proc.wait(timeout=timeout) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return log.read_text(errors="replace")

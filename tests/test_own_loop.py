@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, REPO, base_env, launch, launcher_prefix, rank_pids
+from conftest import PYTHON, REPO, launch, usr1_to_rank0_once
 from hvdtrain import errors
 from hvdtrain.config import TrainConfig
 from hvdtrain.torch import loop
@@ -36,21 +34,7 @@ def test_own_loop_stops_on_a_signal_resumes_and_trains(tmp_path):
     ckpt_dir = str(tmp_path / "ckpt")
     argv = [PYTHON, EXAMPLE, "--checkpoint-dir", ckpt_dir, "--epochs", "4"]
     log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(launcher_prefix("mpirun", 2) + argv, stdout=out, stderr=subprocess.STDOUT,
-                                text=True, env=base_env(), cwd=REPO, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "epoch 1: train loss" not in log.read_text(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.05)
-        [pid] = rank_pids(ckpt_dir, 0)
-        os.kill(pid, signal.SIGUSR1)  # rank 0 only: rank 1 learns it from the vote
-        assert proc.wait(timeout=120) == 0, log.read_text(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    first = log.read_text(errors="replace")
+    first = usr1_to_rank0_once(argv, log, ckpt_dir, "epoch 1: train loss")
     epoch, batches = map(int, re.search(r"stopped by SIGUSR1 in epoch (\d+) after (\d+) batch", first).groups())
     assert "epoch 4: train loss" not in first, first[-3000:]
     # Where the next run starts: the rest of the stopped epoch (or the next, if it was complete).

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
-import time
 
 import pytest
 
-from conftest import PYTHON, REPO, base_env, launch, launcher_prefix, rank_pids
+from conftest import PYTHON, REPO, base_env, launch, usr1_to_rank0_once
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -35,21 +33,7 @@ def test_own_keras_fit_stops_on_sigusr1_resumes_and_trains(tmp_path):
     ckpt_dir = str(tmp_path / "ckpt")
     argv = [PYTHON, EXAMPLE, "--checkpoint-dir", ckpt_dir, "--epochs", str(EPOCHS)]
     log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(launcher_prefix("mpirun", 2) + argv, stdout=out, stderr=subprocess.STDOUT,
-                                text=True, env=base_env(), cwd=REPO, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "checkpoint " + os.path.join(ckpt_dir, "ckpt-e0001-") not in log.read_text(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.05)
-        [pid] = rank_pids(ckpt_dir, 0)
-        os.kill(pid, signal.SIGUSR1)  # rank 0 only: rank 1 learns it from the vote
-        assert proc.wait(timeout=120) == 0, log.read_text(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    first = log.read_text(errors="replace")
+    first = usr1_to_rank0_once(argv, log, ckpt_dir, "checkpoint " + os.path.join(ckpt_dir, "ckpt-e0001-"))
     epoch, batches = map(int, re.search(r"stopped by SIGUSR1 in epoch (\d+) after (\d+) batch", first).groups())
     assert epoch < EPOCHS and f"Epoch {EPOCHS}/{EPOCHS}" not in first, first[-3000:]
     # Every 10 batches and at the epoch's end: the vote's only places.
