@@ -192,9 +192,11 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
         return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
     device = env.get("device_name") or meta.get("device", "?")
+    # The env stage runs before the build: the Horovod run's result file has the one it trained with.
+    horovod_version = env.get("horovod") or ((runs.get("horovod") or {}).get("versions") or {}).get("horovod")
     lines = [f"# hvdtrain GPU check: {device}", "",
              f"{figures['when']}; torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda') or '-'}), "
-             f"Python {env.get('python', '?')}, Horovod {env.get('horovod') or '-'}; {meta.get('model')} on synthetic "
+             f"Python {env.get('python', '?')}, Horovod {horovod_version or '-'}; {meta.get('model')} on synthetic "
              f"{meta.get('image_size')}x{meta.get('image_size')} images, batch {meta.get('batch_size')}, AMP "
              f"{meta.get('amp')}, channels-last {meta.get('channels_last')}, {meta.get('epochs')} epochs of "
              f"{meta.get('steps_per_epoch')} steps ({meta.get('warmup_steps')} warm-up steps untimed), one rank.", ""]

@@ -65,7 +65,9 @@ BUILD_LIMIT=${GPU_CHECK_BUILD_LIMIT:-330}
 GPU_OPS=${GPU_CHECK_GPU_OPS:-$([ "$DEVICE" = cuda ] && echo nccl || echo cpu)}
 CUDA_ARCHS=${GPU_CHECK_CUDA_ARCHS:-}
 WORK=${GPU_CHECK_WORK:-/tmp/hvdtrain-gpu-check}
-PYTHON=${PYTHON:-python3}
+# An absolute path, looked up now: PATH later starts with the check's own venv, whose python3
+# would otherwise stand in for the machine's (and its .pth file would then add itself forever).
+PYTHON=$(command -v "${PYTHON:-python3}") || { echo "gpu-check: no ${PYTHON:-python3} on PATH" >&2; exit 2; }
 case "$OUT/" in "$WORK"/*) echo "gpu-check: OUT ($OUT) must be outside GPU_CHECK_WORK ($WORK)" >&2; exit 2;; esac
 case "$WORK/" in "$OUT"/*) echo "gpu-check: GPU_CHECK_WORK ($WORK) must be outside OUT ($OUT)" >&2; exit 2;; esac
 
@@ -123,8 +125,9 @@ make_env() {
     local site
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     "$PYTHON" - "$site/_hvdtrain_machine_site.pth" <<'EOF'
-import sys
-dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+import os, sys
+own = os.path.realpath(os.path.dirname(sys.argv[1]))   # never the venv's own: it would recurse
+dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.realpath(p) != own]
 with open(sys.argv[1], "w") as f:
     f.writelines(f"import site; site.addsitedir({d!r})\n" for d in dirs)
 print("machine site-packages seen by the venv:", *dirs, sep="\n    ")

@@ -29,6 +29,12 @@ edit CMakeLists.txt 's/^    if (Tensorflow_CXX11)$/    if (Tensorflow_CXX11 OR (
 # build's ~140 C++ objects, in every build.
 edit CMakeLists.txt 's|^    add_subdirectory(third_party/gloo)$|    add_subdirectory(third_party/gloo EXCLUDE_FROM_ALL)|' \
      "plain gloo only when linked" '^    add_subdirectory(third_party/gloo)$'
+# GCC >= 13's libstdc++ no longer brings <string> in through <mutex>/<unordered_map>: group_table.h
+# uses std::string without including it, and the build stops there (seen with GCC 13.3 on the
+# GPU check's machine; Debian 12's GCC 12 compiles it as it is).
+edit horovod/common/group_table.h 's|^#include <mutex>$|&\
+#include <string>|' \
+     "include <string> for GCC >= 13" '^#include <mutex>$'
 # TF 2.21 no longer ships the XLA headers the optional XLA custom-call ops include.
 edit horovod/tensorflow/CMakeLists.txt '/xla_mpi_ops.cc/d' \
      "drop optional XLA ops" 'xla_mpi_ops.cc'

@@ -37,8 +37,12 @@ def test_gpu_check_cpu_mode(tmp_path):
     files, out, work = tmp_path / "files", tmp_path / "out", tmp_path / "work"
     files.mkdir()
     tiny_wheel(str(files))
-    # PYTHON is the project venv's python: a venv itself, as the lent GPU machine's python3 is.
-    env = {**base_env(), "GPU_CHECK_WORK": str(work), "PYTHON": PYTHON}
+    # python3 is the project venv's, found on PATH, as the lent GPU machine's python3 is its venv's
+    # (/opt/torch/.venv) and no PYTHON is set: the script must keep using that one once its own
+    # venv, which has a python3 too, comes first on PATH (it did not: its .pth file then added
+    # itself until Python's recursion limit, on the first GPU run).
+    env = {k: v for k, v in base_env().items() if k != "PYTHON"}
+    env.update(GPU_CHECK_WORK=str(work), PATH=os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", os.defpath))
     run = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh"), "--cpu", str(files), str(out)],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=380)
     output = run.stdout + run.stderr

@@ -22,3 +22,26 @@ def test_interleaved_loader_sharded_by_accelerate_gives_each_rank_its_ddp_batche
                                                                   process_index=rank))
             ddp = [x[:, 0].long().tolist() for x, _ in data.train_loader(dataset, cfg, rank, world_size, epoch, skip)]
             assert shard == ddp and len(ddp) == 103 // world_size // 4 - skip, (rank, epoch)
+
+
+def test_in_memory_batches_are_gathered_whole_and_equal_the_per_sample_batches(monkeypatch):
+    """ArrayDataset (fewer images than labels: x[i % len(x)]), a TensorDataset and a Subset of
+    each give the loaders one gather per batch, and those batches are what collating the samples
+    one by one gives (values, dtypes, shapes), in the sampler's order."""
+    cfg = TrainConfig(framework="torch", model="mnist_cnn", dataset="digits", batch_size=4, num_workers=2, seed=3)
+    images = torch.arange(7 * 2 * 3, dtype=torch.float32).reshape(7, 2, 3)
+    array = data.ArrayDataset(images.numpy(), torch.arange(30, dtype=torch.int64).numpy())
+    tensors = torch.utils.data.TensorDataset(torch.randn(30, 5), torch.arange(30) % 4, torch.rand(30) > 0.5)
+    for dataset in (array, tensors, torch.utils.data.Subset(array, [29, 3, 8, 15, 22, 7, 1, 0, 9])):
+        expected = [torch.utils.data.default_collate([dataset[i] for i in batch])
+                    for batch in data.interleaved_train_loader(dataset, cfg, 1, 0, 0).batch_sampler]
+        calls = []
+        monkeypatch.setattr(type(dataset), "__getitem__", lambda self, i: calls.append(i))
+        got = list(data.interleaved_train_loader(dataset, cfg, 1, 0, 0))
+        monkeypatch.undo()
+        assert calls == [] and len(got) == len(expected) > 0
+        for g, e in zip(got, expected):
+            assert len(g) == len(e) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(g, e))
+    val = [b for b in data.val_loader(array, cfg, 1, 2)]
+    assert torch.equal(torch.cat([y for _, y in val]), torch.arange(1, 30, 2))
+    assert torch.equal(torch.cat([x for x, _ in val]), images[torch.arange(1, 30, 2) % 7])
