@@ -11,6 +11,9 @@
 #            Default (HVDTRAIN_GPU=auto): NCCL when torch is a CUDA build and a CUDA toolkit is
 #            loaded, even on a login node without GPUs: the build is for the GPU nodes. With
 #            --gpu and no site toolkit, NVIDIA's compiler and headers come from PyPI.
+#   bash scripts/setup.sh --horovod site|build # keep the site's Horovod as it is, or build ours even
+#            when the site's works. Default (HVDTRAIN_HOROVOD=auto): the site's if it works as users
+#            use it (its ops; on Keras 3 a DistributedGradientTape step), else ours, saying why
 #   bash scripts/setup.sh --plan [options]     # print what set-up would do here, and why; change nothing
 # Every decision (mode, frameworks, extras, MPI, GPU ops, cache keys, the site Horovod's verdict)
 # is made in Python (scripts/setup_plan.py, from what scripts/stack.py observes; tested in
@@ -22,7 +25,8 @@
 #            Cluster: layered on the site's packages (--system-site-packages; a module's
 #            PYTHONPATH works too); torch/torchvision/TensorFlow that import are pinned, never
 #            reinstalled; only what is missing comes from PyPI.
-#   horovod  a site Horovod whose ops load is used as it is; otherwise Horovod 0.28.1 from its
+#   horovod  a site Horovod that works (scripts/stack.py use-check: one rank, each framework's
+#            allreduce or Keras 3 tape step) is used as it is; otherwise Horovod 0.28.1 from its
 #            PyPI sdist, patched for current torch/TF, built against the MPI on PATH and cached
 #            by everything that makes the wheel differ, then installed in the venv
 #   check    `horovodrun --check-build`'s table (scripts/stack.py check-build, each framework's
@@ -225,7 +229,8 @@ fi
 
 # ---------------------------------------------------------------- check
 # horovodrun --check-build's table, from the venv's Python (which sees a module's Horovod too);
-# stack.py asks the same questions with each framework loaded once: 6 s here instead of 21.
+# stack.py asks the same questions with each framework loaded once (Horovod's own tool starts a
+# process per question: several times slower).
 say "Horovod's build (horovodrun --check-build's table):"
 check=$(cd /tmp && PATH=$HVDTRAIN_VENV/bin:$PATH "$PY" "$REPO/scripts/stack.py" check-build 2>&1) || true
 echo "$check" | sed 's/^/    /'

@@ -28,7 +28,7 @@ APT_PACKAGES = ("build-essential", "git", "openmpi-bin", "libopenmpi-dev", "slur
                 "libpmix-bin", "procps", "curl", "iproute2", "python3.11-venv", "python3.11-dev")
 DEFAULT_PYTHON = {"bare": "python3.11", "cluster": "python3"}
 CHOICES = {"mode": ("auto", "bare", "cluster"), "gpu": ("auto", "gpu", "cpu"), "mpi": ("auto", "site", "pypi"),
-           "frameworks": ("torch", "tf")}
+           "frameworks": ("torch", "tf"), "horovod": ("auto", "site", "build")}
 
 
 class PlanError(SystemExit):
@@ -44,6 +44,7 @@ class Options:
     frameworks: str = "auto"      # --frameworks torch|tf|torch,tf
     gpu: str = "auto"             # --gpu, --cpu, HVDTRAIN_GPU
     mpi: str = "auto"             # --mpi, HVDTRAIN_MPI
+    horovod: str = "auto"         # --horovod site|build, HVDTRAIN_HOROVOD
     python: str | None = None     # PYTHON: the interpreter the venv is made from
     system_site_packages: bool = True   # HVDTRAIN_SYSTEM_SITE_PACKAGES (cluster venvs)
     repo: str = "/repo"
@@ -75,10 +76,18 @@ class HorovodProbe:
     where: str                    # venv | pythonpath (a module's, before the venv) | site
     version: str
     path: str
-    missing: tuple[str, ...] = ()  # "torch-ops", "tf-ops", "controller"
+    missing: tuple[str, ...] = ()  # "torch-ops", "tf-ops", "controller"; in use: "torch-use", "tf-keras3", "use"
+    failure: str = ""             # the first use that failed, in one line (or why use was not checked)
 
     def line(self) -> str:
         return f"{self.where} {self.version} {self.path} {'missing:' + ','.join(self.missing) if self.missing else 'ok'}"
+
+    def fails_only_in_use(self) -> bool:
+        """Its ops load but a use fails (Keras 3): hvdtrain's own trainers still run on it."""
+        return bool(self.missing) and all(m in USE_FAILURES for m in self.missing)
+
+
+USE_FAILURES = ("torch-use", "tf-keras3", "use")
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ def parse_options(argv: list[str], env: dict) -> Options:
     """setup.sh's flags (--help and --plan are the script's own) over its variables."""
     cache = env.get("HVDTRAIN_CACHE") or os.path.join(env.get("HOME", "~"), ".cache", "hvdtrain")
     asked = {"mode": "auto", "frameworks": "auto", "gpu": env.get("HVDTRAIN_GPU") or "auto",
-             "mpi": env.get("HVDTRAIN_MPI") or "auto"}
+             "mpi": env.get("HVDTRAIN_MPI") or "auto", "horovod": env.get("HVDTRAIN_HOROVOD") or "auto"}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -187,17 +196,20 @@ def parse_options(argv: list[str], env: dict) -> Options:
             asked["mode"] = arg[2:]
         elif arg in ("--gpu", "--cpu"):
             asked["gpu"] = arg[2:]
-        elif name in ("--frameworks", "--mpi"):
+        elif name in ("--frameworks", "--mpi", "--horovod"):
             if not eq:
                 value = args.pop(0) if args else ""
             if not value:
-                raise PlanError("--frameworks needs torch, tf or torch,tf" if name == "--frameworks"
-                                else "--mpi needs auto, site or pypi")
+                raise PlanError({"--frameworks": "--frameworks needs torch, tf or torch,tf",
+                                 "--mpi": "--mpi needs auto, site or pypi",
+                                 "--horovod": "--horovod needs auto, site or build"}[name])
             asked[name[2:]] = value
         else:
             raise PlanError(f"unknown option '{arg}' (see: bash scripts/setup.sh --help)")
     if asked["mpi"] not in CHOICES["mpi"]:
         raise PlanError(f"--mpi '{asked['mpi']}' is not auto, site or pypi")
+    if asked["horovod"] not in CHOICES["horovod"]:
+        raise PlanError(f"--horovod '{asked['horovod']}' is not auto, site or build")
     if asked["gpu"] not in CHOICES["gpu"]:
         raise PlanError(f"HVDTRAIN_GPU='{asked['gpu']}' is not auto, gpu or cpu")
     return Options(**asked, python=env.get("PYTHON") or None,
@@ -355,19 +367,41 @@ def cuda_pypi_packages(cuda: str) -> list[str]:
     return [f"{name}-cu{major}=={major}.{minor}.*" for name in ("nvidia-cuda-nvcc", "nvidia-cuda-cccl")]
 
 
-def decide_horovod(probe: HorovodProbe | None) -> tuple[str, str, str]:
-    """(verdict, line to say, error). A site Horovod whose ops load is used as it is, never rebuilt;
-    one that lacks an op is replaced by ours, unless a module's PYTHONPATH would shadow it."""
-    if probe is None or probe.where == "venv":
+def decide_horovod(probe: HorovodProbe | None, asked: str = "auto") -> tuple[str, str, str]:
+    """(verdict, line to say, error). A site Horovod that loads and works as users use it (its
+    ops, and on Keras 3 a DistributedGradientTape step) is used as it is; one that lacks an op
+    or fails a use is replaced by ours (patched, built against the site's stack), unless a
+    module's PYTHONPATH would shadow ours. `asked` (--horovod) forces either way."""
+    site = probe is not None and probe.where != "venv"
+    shadowed = site and probe.where == "pythonpath"
+    if asked == "build":
+        if shadowed:
+            return "build", "", (f"--horovod build: the site's Horovod ({probe.line()}) comes first on PYTHONPATH "
+                                 "and would hide the one built for the venv: 'module unload' it first")
+        return "build", ("step 'horovod': building ours as asked (--horovod build)"
+                         + (f"; the site's ({probe.line()}) is left unused" if site else "")), ""
+    if not site:
+        if asked == "site":
+            return "build", "", ("--horovod site: this Python imports no site Horovod"
+                                 + (" (the venv holds ours)" if probe else "") + ": load the site's Horovod module")
         return "build", "", ""   # none, or ours: built (or taken from the cache) by its key
     if not probe.missing:
         return "site", f"step 'horovod': using the site's Horovod as it is: {probe.line()}", ""
-    if probe.where == "pythonpath":
+    why = f"fails in use ({probe.failure})" if probe.fails_only_in_use() else "lacks what hvdtrain needs"
+    if asked == "site":
+        if not probe.fails_only_in_use():
+            return "build", "", f"--horovod site: the site's Horovod ({probe.line()}) {why}: it cannot train"
+        return "site", (f"step 'horovod': using the site's Horovod as asked (--horovod site) although it {why}: "
+                        f"hvdtrain's own trainers run on it, your own Horovod code doing the same would fail; "
+                        f"{probe.line()}"), ""
+    keep = "; or keep it with --horovod site" if probe.fails_only_in_use() else ""
+    if shadowed:
         # A module's PYTHONPATH comes before the venv: a wheel installed here would be shadowed.
-        return "build", "", (f"the site's Horovod ({probe.line()}) lacks what hvdtrain needs and comes first on "
-                             "PYTHONPATH: 'module unload' it (set-up then builds one) or load a Horovod module "
-                             "built with it")
-    return "build", f"the site's Horovod lacks what hvdtrain needs ({probe.line()}); building one for the venv", ""
+        return "build", "", (f"the site's Horovod ({probe.line()}) {why} and comes first on PYTHONPATH: 'module "
+                             f"unload' it (set-up then builds the patched one) or load a Horovod module built with "
+                             f"it{keep}")
+    keep_note = " (--horovod site keeps the site's)" if probe.fails_only_in_use() else ""
+    return "build", f"the site's Horovod {why} ({probe.line()}): building the patched one for the venv{keep_note}", ""
 
 
 def horovod_key(frameworks: tuple, gpu_ops: str, mpi: str, facts: Facts) -> str:
@@ -486,7 +520,7 @@ def plan(facts: Facts) -> Plan:
         editable=facts.in_venv and facts.hvdtrain_root != o.repo,
         mpi_pypi_step=mpi == "pypi" and facts.mpi_in_venv is None,
         mpi_pypi_version=(mpi_probe.version_text.splitlines() or [""])[0] if mpi == "pypi" else "")
-    p.horovod, p.horovod_say, p.horovod_error = decide_horovod(facts.horovod)
+    p.horovod, p.horovod_say, p.horovod_error = decide_horovod(facts.horovod, o.horovod)
     p.horovod_found = facts.horovod.line() if facts.horovod else "none"
     p.check_marks = check_marks(frameworks, False)
     if p.horovod == "site" or p.horovod_error:
@@ -567,7 +601,9 @@ def describe(p: Plan) -> list[str]:
     if p.horovod_error:
         lines.append(f"  horovod       STOP: {p.horovod_error}")
     elif p.horovod == "site":
-        lines.append(f"  horovod       the site's, used as it is: {p.horovod_found}")
+        lines.append("  horovod       " + (p.horovod_say.replace("step 'horovod': ", "")
+                                           if "--horovod site" in p.horovod_say
+                                           else f"the site's, used as it is: {p.horovod_found}"))
     else:
         lines.append("  horovod       " + (p.horovod_say or f"ours, built or taken from the cache by its key "
                                                            f"(found here: {p.horovod_found})"))

@@ -118,7 +118,71 @@ def horovod(wanted: tuple) -> sp.HorovodProbe | None:
         mod = importlib.import_module(modules[wanted[0]]) if wanted else None
         if mod is not None and not (mod.mpi_built() or mod.gloo_built()):
             missing.append("controller")
-    return sp.HorovodProbe(where, getattr(hvd_pkg, "__version__", "?"), path, tuple(missing))
+    failure = ""
+    if not missing and where != "venv" and wanted:
+        # Ops that load are not yet ops that work: a site's Horovod 0.28.1 under TF >= 2.16
+        # loads and then fails users' first GradientTape step on Keras 3 variables.
+        failed, failure = use_check(wanted)
+        missing += failed
+    return sp.HorovodProbe(where, getattr(hvd_pkg, "__version__", "?"), path, tuple(missing), failure)
+
+
+USE_CHECK_SECONDS = 180
+
+
+def use_check(wanted: tuple) -> tuple[list[str], str]:
+    """Horovod used as users use it, in a process of its own (hvd.init starts MPI, alone as one
+    rank): (what failed, the first failure in one line). A check that cannot finish in
+    USE_CHECK_SECONDS (an MPI that cannot start alone on this node) fails nothing: it is said."""
+    try:
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), "use-check", *wanted],
+                             capture_output=True, text=True, timeout=USE_CHECK_SECONDS,
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    except subprocess.TimeoutExpired:
+        return [], f"not checked in use: one rank's hvd.init() and first ops did not finish in {USE_CHECK_SECONDS} s"
+    failed = [line.split(" ", 2)[1:] for line in run.stdout.splitlines() if line.startswith("FAILED ")]
+    if run.returncode != 0 and not failed:
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        return ["use"], f"Horovod could not be used alone as one rank (exit {run.returncode}: {tail[:200]})"
+    return [name for name, _ in failed], "; ".join(why for _, why in failed)
+
+
+def _use_checks(wanted: list[str]) -> None:
+    """`use-check torch tf`: one line `FAILED <what> <why>` per use that fails."""
+    def failure(fn) -> str | None:
+        try:
+            fn()
+            return None
+        except Exception as err:  # noqa: BLE001 - any failure is the answer
+            return f"{type(err).__name__}: {err}".splitlines()[0][:200]
+
+    def torch_ops():
+        import torch
+        import horovod.torch as hvd
+        hvd.init()
+        total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="hvdtrain.setup.use_check")
+        assert total.tolist() == [float(hvd.size())] * 2, f"allreduce gave {total.tolist()}"
+
+    def tf_keras3():
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+        hvd.init()
+        import keras
+        if int(keras.__version__.split(".")[0]) < 3 or os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+            return  # Keras 2: Horovod 0.28.1's own ground
+        import horovod.tensorflow.keras  # noqa: F401 - Horovod's Keras layer must import
+        weight = keras.Variable(1.0)
+        with tf.GradientTape() as tape:
+            loss = weight * weight
+        grad = hvd.DistributedGradientTape(tape).gradient(loss, [weight])[0]
+        assert float(grad) == 2.0, f"gradient {float(grad)}, not 2"
+
+    checks = {"torch": ("torch-use", torch_ops), "tf": ("tf-keras3", tf_keras3)}
+    with _output_to(2):   # what the frameworks print is not an answer
+        failures = [(checks[fw][0], failure(checks[fw][1])) for fw in sorted(wanted, key=lambda f: f != "torch")]
+    for what, why in failures:
+        if why:
+            print(f"FAILED {what} {why}", flush=True)
 
 
 def site_toolkit() -> str | None:
@@ -407,9 +471,14 @@ def plan_command(args: list[str]) -> None:
     """`plan [--shell] [setup.sh's options]`: the plan, for people or (--shell) for setup.sh's eval."""
     as_shell = "--shell" in args
     options = sp.parse_options([a for a in args if a != "--shell"], dict(os.environ))
-    # Whatever the frameworks print while they are probed must not reach the eval: fd 1 is stderr meanwhile.
-    with _output_to(2):
-        facts = gather_facts(options)
+    # Whatever the frameworks print while they are probed (TensorFlow's and absl's log lines) is
+    # neither the plan nor an answer for setup.sh's eval: both go to /dev/null meanwhile.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with _output_to(devnull, (1, 2)):
+            facts = gather_facts(options)
+    finally:
+        os.close(devnull)
     p = sp.plan(facts)
     print(sp.shell(p, options) if as_shell else "\n".join(sp.describe(p)))
 
@@ -425,6 +494,8 @@ def main(argv: list[str]) -> None:
             cuda_pypi_assemble(args[0])
         elif cmd == "check-build":
             print(check_build())
+        elif cmd == "use-check":
+            _use_checks(args)
         else:
             sys.exit(f"unknown command {cmd}")
     except sp.PlanError as e:

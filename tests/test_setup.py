@@ -67,7 +67,10 @@ def cluster_root(cluster_user):
         if os.path.isfile(os.path.join(REPO, f)):
             os.makedirs(os.path.dirname(os.path.join(repo, f)), exist_ok=True)
             shutil.copy2(os.path.join(REPO, f), os.path.join(repo, f))
-    for flavour, with_horovod in (("module-frameworks", False), ("module-horovod", True)):
+    # module-horovod-unpatched: Horovod 0.28.1 as a site builds it, without hvdtrain's Keras 3 patch
+    # (the patch is Python only: taken back out of a copy of ours, its compiled ops kept).
+    for flavour, with_horovod in (("module-frameworks", False), ("module-horovod", True),
+                                  ("module-horovod-unpatched", True)):
         site = os.path.join(root, flavour, "site-packages")
         os.makedirs(site)
         for name in os.listdir(SITE_PACKAGES):
@@ -77,7 +80,12 @@ def cluster_root(cluster_user):
             if low.startswith("horovod") and not with_horovod:
                 continue
             src, dst = os.path.join(SITE_PACKAGES, name), os.path.join(site, name)
-            sh(["cp", "-al", src, dst]).check_returncode()
+            copy = "-a" if flavour.endswith("unpatched") and name == "horovod" else "-al"  # the patched files change
+            sh(["cp", copy, src, dst]).check_returncode()
+        if flavour.endswith("unpatched"):
+            with open(os.path.join(REPO, "scripts", "horovod-keras3.patch")) as patch:
+                subprocess.run(["patch", "-R", "-p1", "--batch", "--quiet", "-d", site], stdin=patch,
+                               check=True, timeout=60)
         if with_horovod:
             # A Horovod module also puts horovodrun on PATH.
             mbin = os.path.join(root, flavour, "bin")
@@ -290,6 +298,35 @@ def test_site_module_is_kept_and_trains(cluster_user, cluster_root):
     assert train.returncode == 0, (train.stdout + train.stderr)[-4000:]
     acc, world = train.stdout.split("ACC")[-1].split()
     assert world == "2" and float(acc) > 0.85, train.stdout[-2000:]
+
+
+def test_site_horovod_failing_keras3_is_not_kept_silently(cluster_user, cluster_root):
+    """A TensorFlow module whose Horovod 0.28.1 lacks the Keras 3 fixes (as IDRIS reported on
+    Horovod's tracker, issue 4290): set-up checks it as users use it. `--plan` prints the plan
+    alone (no framework log lines) and stops there in one line naming the failure and both ways
+    out; `--horovod site` keeps it, saying what will fail, and hvdtrain's own TF trainer runs on it."""
+    plan = as_user(cluster_user, cluster_root, "module-horovod-unpatched",
+                   "HVDTRAIN_CACHE=$HOME/cache-unpatched bash repo/scripts/setup.sh --plan", timeout=300)
+    out = plan.stdout + plan.stderr
+    assert plan.returncode == 0, out[-4000:]
+    assert out.startswith("[setup] plan (nothing was changed)"), out[:2000]   # no TF/absl lines before it
+    stop = [line for line in out.splitlines() if line.startswith("  horovod       STOP: ")]
+    assert len(stop) == 1 and ("fails in use (AttributeError: 'Variable' object has no attribute 'ref')" in stop[0]
+                               and stop[0].endswith("or keep it with --horovod site")), out[-3000:]
+
+    run = as_user(cluster_user, cluster_root, "module-horovod-unpatched",
+                  "HVDTRAIN_CACHE=$HOME/cache-unpatched bash repo/scripts/setup.sh --horovod site", timeout=900)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    assert ("using the site's Horovod as asked (--horovod site) although it fails in use (AttributeError: "
+            "'Variable' object has no attribute 'ref')") in out, out[-3000:]
+    assert "horovod-build" not in out, out[-3000:]
+    home = pwd.getpwnam(cluster_user).pw_dir
+    train = as_user(cluster_user, cluster_root, "module-horovod-unpatched",
+                    f"cd repo && timeout 300 mpirun -np 2 --bind-to none --oversubscribe "
+                    f"$HOME/cache-unpatched/venv-py311/bin/python -m hvdtrain.tf --model mnist_cnn --dataset digits "
+                    f"--epochs 1 --steps 12 --threads-per-rank 1 --result-json {home}/unpatched.json", timeout=360)
+    assert train.returncode == 0, (train.stdout + train.stderr)[-4000:]
 
 
 def test_failing_step_stops_setup_and_leaves_no_stamp(tmp_path):

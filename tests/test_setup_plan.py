@@ -5,6 +5,7 @@ existing venvs and wheel caches stay valid."""
 import dataclasses
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -172,8 +173,54 @@ def test_site_horovod_missing_an_op_is_rebuilt_and_says_which():
     p = plan(dataclasses.replace(CLUSTER_TORCH, horovod=lacking, tf_version="2.16.1"), frameworks="torch,tf")
     assert p.horovod == "build" and p.horovod_error == "" and p.horovod_build
     assert p.horovod_say == ("the site's Horovod lacks what hvdtrain needs (site 0.26.1 "
-                             "/usr/lib/python3/dist-packages/horovod missing:tf-ops); building one for the venv")
+                             "/usr/lib/python3/dist-packages/horovod missing:tf-ops): building the patched one for the venv")
     assert p.hvd_key.startswith("horovod-0.28.1-torch2.3.0-tf2.16.1-")
+
+
+KERAS3 = "AttributeError: 'Variable' object has no attribute 'ref'"
+
+
+def test_site_horovod_failing_keras3_is_rebuilt_or_kept_as_asked():
+    """A site Horovod whose ops load but whose DistributedGradientTape fails on a Keras 3 variable
+    (Horovod 0.28.1 under TF >= 2.16, as scripts/stack.py's use-check finds): rebuilt by default,
+    saying why in one line; kept with --horovod site, saying what will fail; --horovod build
+    replaces even a working one; each impossible request is one line."""
+    failing = sp.HorovodProbe("site", "0.28.1", "/apps/tf/lib/python3.11/site-packages/horovod", ("tf-keras3",), KERAS3)
+    facts = dataclasses.replace(CLUSTER_TORCH, horovod=failing, tf_version="2.17.0")
+    p = plan(facts, frameworks="torch,tf")
+    assert p.horovod == "build" and p.horovod_error == "" and p.horovod_build
+    assert p.horovod_say == (f"the site's Horovod fails in use ({KERAS3}) (site 0.28.1 "
+                             "/apps/tf/lib/python3.11/site-packages/horovod missing:tf-keras3): building the patched "
+                             "one for the venv (--horovod site keeps the site's)")
+    kept = plan(facts, frameworks="torch,tf", horovod="site")
+    assert kept.horovod == "site" and kept.horovod_error == "" and not kept.horovod_build
+    assert "as asked (--horovod site) although it fails in use (" + KERAS3 in kept.horovod_say
+    assert any("as asked (--horovod site)" in line for line in sp.describe(kept))
+    # On a module's PYTHONPATH ours would be hidden: stop, naming both ways out.
+    shadowed = plan(dataclasses.replace(facts, horovod=dataclasses.replace(failing, where="pythonpath")),
+                    frameworks="torch,tf")
+    assert shadowed.horovod_error.endswith("'module unload' it (set-up then builds the patched one) or load a "
+                                           "Horovod module built with it; or keep it with --horovod site")
+    assert f"fails in use ({KERAS3})" in shadowed.horovod_error
+    # --horovod build: a working site Horovod is replaced (not on PYTHONPATH), and said so.
+    working = dataclasses.replace(failing, missing=(), failure="")
+    rebuilt = plan(dataclasses.replace(facts, horovod=working), frameworks="torch,tf", horovod="build")
+    assert rebuilt.horovod == "build" and rebuilt.horovod_build and rebuilt.horovod_error == ""
+    assert rebuilt.horovod_say.startswith("step 'horovod': building ours as asked (--horovod build); the site's")
+    assert plan(dataclasses.replace(facts, horovod=dataclasses.replace(working, where="pythonpath")),
+                frameworks="torch,tf", horovod="build").horovod_error.startswith("--horovod build: the site's Horovod")
+    # --horovod site cannot keep what cannot train, nor what is not there.
+    no_ops = dataclasses.replace(failing, missing=("torch-ops",), failure="")
+    assert plan(dataclasses.replace(facts, horovod=no_ops), frameworks="torch,tf",
+                horovod="site").horovod_error.endswith("lacks what hvdtrain needs: it cannot train")
+    assert plan(dataclasses.replace(facts, horovod=None), frameworks="torch,tf",
+                horovod="site").horovod_error == "--horovod site: this Python imports no site Horovod: load the site's Horovod module"
+    for argv, line in ((["--horovod"], "--horovod needs auto, site or build"),
+                       (["--horovod=ours"], "--horovod 'ours' is not auto, site or build")):
+        with pytest.raises(sp.PlanError, match="^" + re.escape(line) + "$"):
+            sp.parse_options(argv, {})
+    assert sp.parse_options(["--horovod", "build"], {}).horovod == "build"
+    assert sp.parse_options([], {"HVDTRAIN_HOROVOD": "site"}).horovod == "site"
 
 
 def test_site_horovod_on_pythonpath_missing_an_op_stops_setup():

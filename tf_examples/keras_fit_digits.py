@@ -11,9 +11,10 @@ import argparse
 import os
 import sys
 
-# Horovod: its Keras layer (horovod.tensorflow.keras) is written for Keras 2, but TensorFlow >= 2.16
-# makes tf.keras Keras 3. Route tf.keras to tf-keras (Keras 2) before TensorFlow is imported, and
-# let Horovod's own `from keras import backend` find tf-keras as well.
+# Horovod: this script keeps Horovod's Keras 2 model.fit path, as many existing scripts do:
+# tf.keras routed to tf-keras (Keras 2) before TensorFlow is imported, and `import keras` too,
+# which an unpatched Horovod 0.28.1's own `from keras import backend` needs. The Horovod that
+# hvdtrain's set-up builds also runs Keras 3 (tf_examples/README.md, "Horovod under Keras 3").
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tf_keras  # noqa: E402
 
