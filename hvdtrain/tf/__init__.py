@@ -8,6 +8,10 @@ Your own Keras `model.fit`: `hvdtrain.tf.start()` first, then
 `model.fit(..., callbacks=hvdtrain.tf.callbacks(model, ...))` (hvdtrain/tf/keras_callbacks.py; loaded
 when first used, example tf_examples/keras_own_fit.py).
 
+Your own GradientTape loop: `job = hvdtrain.tf.start_tape_loop(seed=0)` first, then `job.resume`,
+`job.tape(tape)`, `job.dataset`, `job.step_done`, `job.should_stop`, `job.save`, `job.finish`
+(hvdtrain/tf/tape_loop.py; loaded when first used, example tf_examples/tape_loop_digits.py).
+
 Your own Keras model trained by hvdtrain's trainer: `hvdtrain.tf.fit(model, (x, y), (x_val, y_val),
 loss=..., **options)` (hvdtrain/tf/api.py; example tf_examples/keras_model_fit.py).
 """
@@ -22,4 +26,8 @@ def __getattr__(name):
         from hvdtrain.tf import keras_callbacks
 
         return getattr(keras_callbacks, name)
+    if name == "start_tape_loop":  # your own GradientTape loop: hvdtrain/tf/tape_loop.py
+        from hvdtrain.tf import tape_loop
+
+        return tape_loop.start
     raise AttributeError(f"module 'hvdtrain.tf' has no attribute '{name}'")

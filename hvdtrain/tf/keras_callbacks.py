@@ -60,13 +60,23 @@ def start(seed: int | None = None, *, threads: int | None = None, watchdog_secon
     """Every rank, before TensorFlow builds anything: Keras 2 for tf.keras, this rank's CPU threads,
     hvd.init() with hvdtrain's settings (the watchdog armed around it), this rank's GPU, the stop
     signals' handlers, and Keras' random seed (the same on every rank) when given."""
+    return start_job(Job, seed, threads, watchdog_seconds)
+
+
+def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_seconds: float | None) -> "Job":
+    """start() for `job_class`, a Job (or hvdtrain/tf/tape_loop.py's TapeJob), on the Keras of its
+    `loop` (keras_compat.select). One per process: a second call returns the first job (one of
+    another class: refused)."""
     global _job
     if _job is not None:
+        if type(_job) is not job_class:
+            raise UsageError(f"{job_class.api} after {_job.api}: one hvdtrain start per process (Horovod "
+                             "is one per process, and each chooses its Keras before TensorFlow loads)")
         return _job
     from hvdtrain.tf import keras_compat
 
-    keras = keras_compat.select("fit")  # before tensorflow is imported (below)
-    cfg = TrainConfig(framework="tf", loop="fit", seed=0 if seed is None else seed,
+    keras = keras_compat.select(job_class.loop)  # before tensorflow is imported (below)
+    cfg = TrainConfig(framework="tf", loop=job_class.loop, seed=0 if seed is None else seed,
                       watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
     env = ClusterEnv.from_environ()
     threads = threads_per_rank(threads, env.local_world_size)
@@ -79,7 +89,7 @@ def start(seed: int | None = None, *, threads: int | None = None, watchdog_secon
         backend = HorovodBackend(cfg, threads)  # hvd.init(), this rank's GPU
     if seed is not None:
         keras.utils.set_random_seed(seed)  # the same initial weights on every rank
-    _job = Job(keras, backend, cfg.with_world_size(backend.world_size), env.job_id)
+    _job = job_class(keras, backend, cfg.with_world_size(backend.world_size), env.job_id)
     return _job
 
 
@@ -113,6 +123,9 @@ class Callbacks(list):
 
 class Job:
     """This rank's part: rank, local_rank, world_size, is_rank0, device; optimizer(); callbacks()."""
+    loop = "fit"                  # the Keras it runs on: keras_compat.select(loop)
+    api = "hvdtrain.tf.start()"   # what started it, for start_job's refusal
+    writer = WRITER               # in its checkpoints' meta
 
     def __init__(self, keras, backend, cfg: TrainConfig, job_id: str | None):
         self.keras, self.backend, self.cfg, self.job_id = keras, backend, cfg, job_id
@@ -195,14 +208,7 @@ class Job:
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self, checkpoint_dir, model, optimizer) -> ckpt.Position:
-        """Rank 0 loads the newest checkpoint that reads; every rank learns the outcome (all fail
-        together, or none)."""
-        if not checkpoint_dir:
-            return ckpt.Position()
-        status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
-        status = self.backend.broadcast_object(status, "keras_resume")
-        if status.get("error"):
-            raise UsageError(status["error"])
+        status = self._load_on_rank0(checkpoint_dir, model, optimizer)
         if not status.get("path"):
             return ckpt.Position()
         position = ckpt.Position.from_checkpoint(status["position"])
@@ -210,6 +216,21 @@ class Job:
         redo = f" (rerun from its first batch: stopped after {done} batch(es))" if done else ""
         self.log(f"resumed from {status['path']} at epoch {position.epoch + 1}{redo}")
         return position
+
+    def _load_on_rank0(self, checkpoint_dir, model, optimizer) -> dict:
+        """Rank 0 loads the newest checkpoint that reads; every rank learns the outcome (all fail
+        together, or none): {} for none, else its path and position."""
+        if not checkpoint_dir:
+            return {}
+        status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
+        status = self.backend.broadcast_object(status, "keras_resume")
+        if status.get("error"):
+            raise UsageError(status["error"])
+        return status
+
+    def _checkpointed(self, model, optimizer) -> dict:
+        """The variables a checkpoint holds, by prefix, in order."""
+        return {"model": model.weights, "optimizer": optimizer.variables()}
 
     def _load_newest(self, checkpoint_dir, model, optimizer) -> dict:
         def read(path):
@@ -228,27 +249,28 @@ class Job:
             return {}
         meta, arrays = found
         # It reads but does not fit: no older one will.
-        for prefix, variables in (("model", model.weights), ("optimizer", optimizer.variables())):
+        for prefix, variables in self._checkpointed(model, optimizer).items():
             values = arrays[prefix]
             shapes = [tuple(v.shape) for v in variables], [a.shape for a in values]
-            if meta.get("written_by") != WRITER or shapes[0] != shapes[1]:
+            if meta.get("written_by") != self.writer or shapes[0] != shapes[1]:
                 return {"error": f"checkpoint {path} does not fit this model and optimizer ({prefix}: "
                                  f"{len(values)} arrays saved for {len(variables)} variables, or other shapes; "
                                  f"written by {meta.get('written_by', 'the hvdtrain.tf trainer')})"}
             for var, value in zip(variables, values):
                 var.assign(value)
         return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
-                                                                "history")}}
+                                                                "history")}, "batching": meta.get("batching")}
 
-    def save(self, checkpoint_dir, model, at: ckpt.Position, keep: int) -> None:
-        """Every rank: rank 0 writes weights, optimizer state and position atomically; a failure ends every rank."""
+    def save(self, checkpoint_dir, model, at: ckpt.Position, keep: int, optimizer=None, extra=None) -> None:
+        """Every rank: rank 0 writes weights, optimizer state (the model's, unless given) and
+        position atomically, `extra` in its meta; a failure ends every rank."""
         error = None
         if self.is_rank0:
-            weights = [v.numpy() for v in model.weights]
-            slots = [v.numpy() for v in model.optimizer.variables()]
+            saved = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
+            weights, slots = ([v.numpy() for v in saved[prefix]] for prefix in ("model", "optimizer"))
             # The trainer's npz layout (hvdtrain/tf/train.py): meta, model/i, optimizer/i.
-            meta = {"format_version": ckpt.FORMAT_VERSION, "written_by": WRITER, "world_size": self.world_size,
-                    **at.to_checkpoint(), "num_model": len(weights), "num_optimizer": len(slots)}
+            meta = {"format_version": ckpt.FORMAT_VERSION, "written_by": self.writer, "world_size": self.world_size,
+                    **at.to_checkpoint(), "num_model": len(weights), "num_optimizer": len(slots), **(extra or {})}
             arrays = {"meta": np.array(json.dumps(meta)), **{f"model/{i}": w for i, w in enumerate(weights)},
                       **{f"optimizer/{i}": s for i, s in enumerate(slots)}}
             path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "npz"))
