@@ -11,7 +11,7 @@ ordering one step, alternated within each repeat:
 
 It prints seconds per step (median over repeats) and each order's time over `after`'s. The
 gradients are equal in all three (numerically the same step); only the memory they are written
-into differs. Benchmark output, never a test assertion: this machine is shared and noisy.
+into differs. Benchmark output, never a test assertion: shared machines are noisy.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ workload (batch 16 per rank, 224x224, one compute thread per rank, synthetic dat
   ddp-np2            python -m hvdtrain.torch --backend ddp
 
 and prints img/s (median over repeats) and the ratios the targets are stated in. Numbers are
-benchmark output, never test assertions: this machine is shared and noisy.
+benchmark output, never test assertions: shared machines are noisy.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ gradient allreduce overlaps backward):
   tf-resnet-on/off      hvdtrain.tf --loop custom, Horovod, ResNet-18 on synthetic 64x64 images
 
 and prints img/s (median over repeats) and each ratio on / off. Numbers are benchmark output,
-never test assertions: this machine is shared and noisy.
+never test assertions: shared machines are noisy.
 """
 from __future__ import annotations
 

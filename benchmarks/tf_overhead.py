@@ -17,7 +17,7 @@ data), under `mpirun --bind-to none`:
 
 and prints img/s (median over repeats), the ratio hvdtrain / minimal loop at np 2 and each
 one's E(2) = img/s(np 2) / (2 x img/s(np 1)). Numbers are benchmark output, never test
-assertions: this machine is shared and noisy. `--only a,b` runs some configs.
+assertions: shared machines are noisy. `--only a,b` runs some configs.
 """
 from __future__ import annotations
 

@@ -182,7 +182,7 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, 
 
 # ------------------------------------------------------------------------- per-rank health check
 # The kernel is sized to be timed well (milliseconds per repetition) yet cheap: 2 x 512^3 =
-# 0.27 GFLOP takes ~3 ms on one core of this machine (~100 GFLOP/s) and still only 0.27 s at
+# 0.27 GFLOP takes ~3 ms on one core of a current x86 server (~100 GFLOP/s) and still only 0.27 s at
 # 1 GFLOP/s, where the warm-up and MIN_REPS make ~1.1 s: well under 2 s per rank on any CPU.
 # 2 x 4096^3 = 137 GFLOP keeps a GPU busy for milliseconds, long past its launch latency.
 CPU_MATMUL_N = 512

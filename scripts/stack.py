@@ -202,7 +202,7 @@ def site_toolkit() -> str | None:
 
 
 def _is_toolkit(d: str) -> bool:
-    # nvcc beside the runtime headers: a lone nvcc wrapper (this image's /usr/local/bin) is not one.
+    # nvcc beside the runtime headers: a lone nvcc wrapper (some images put one in /usr/local/bin) is not one.
     headers = [os.path.join(d, "include", "cuda_runtime.h")]
     headers += [os.path.join(d, "targets", t, "include", "cuda_runtime.h")
                 for t in (os.listdir(os.path.join(d, "targets")) if os.path.isdir(os.path.join(d, "targets")) else [])]

@@ -195,7 +195,7 @@ class Trainer(EpochTrainer):
                     # Lightning does, not before it: backward can then reuse their memory, and
                     # the comparison with Lightning runs the same step order
                     # (benchmarks/grad_free_order.py: 0.5-6.5 % per step on one CPU thread,
-                    # within this machine's noise). Horovod's wrapper takes no set_to_none
+                    # within the noise of a shared 2-core machine). Horovod's wrapper takes no set_to_none
                     # (torch defaults to True).
                     self.optimizer.zero_grad()
                 # Each micro-batch's loss weighs its share of the step's batch: the accumulated
