@@ -16,9 +16,9 @@ PLUGINS = ["--model", f"{SCRIPT}:build_model", "--dataset", f"{SCRIPT}:datasets"
            "--batch-size", "16", "--base-lr", "0.005", "--threads-per-rank", "1", "--num-workers", "1", "--log-interval", "4"]
 
 
-def fit(tmp_path, name, **options):
+def fit(tmp_path, name, launcher="mpirun", **options):
     result = tmp_path / f"{name}.json"
-    launch("mpirun", 2, [PYTHON, SCRIPT, json.dumps({**options, "result_json": str(result)})], timeout=180)
+    launch(launcher, 2, [PYTHON, SCRIPT, json.dumps({**options, "result_json": str(result)})], timeout=180)
     return json.loads(result.read_text())
 
 
@@ -40,10 +40,11 @@ def assert_named(result):
 
 
 def test_fit_trains_a_users_model_data_and_loss_under_ddp(tmp_path):
-    result = fit(tmp_path, "ddp", backend="ddp", **FIT)
+    # torchrun: the launcher of the torch.distributed backends.
+    result = fit(tmp_path, "ddp", launcher="torchrun", backend="ddp", **FIT)
     assert_learned(result)
     assert_named(result)
-    assert result["backend"] == "ddp" and result["world_size"] == 2
+    assert result["backend"] == "ddp" and result["world_size"] == 2 and result["launcher"] == "torchrun"
 
 
 def _weights(ckpt_dir):
@@ -62,13 +63,16 @@ def assert_same_weights(uninterrupted_dir, resumed_dir):
         assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
 
 
-def test_fit_under_horovod_interrupted_and_resumed_ends_with_the_uninterrupted_weights(tmp_path):
-    whole = fit(tmp_path, "whole", checkpoint_dir=str(tmp_path / "whole"), **FIT)
+def test_fit_under_horovod_interrupted_and_resumed_ends_with_the_uninterrupted_weights(tmp_path, slurm_cluster):
+    # Each run under another of Horovod's launchers: srun (PMIx, the local Slurm cluster),
+    # horovodrun (Gloo), mpirun.
+    whole = fit(tmp_path, "whole", launcher="srun", checkpoint_dir=str(tmp_path / "whole"), **FIT)
     assert_learned(whole)
     assert_named(whole)
-    assert whole["backend"] == "horovod"
+    assert whole["backend"] == "horovod" and whole["launcher"] == "slurm"
     # Stopped in the middle of epoch 2 (16 steps an epoch), then the same script again.
-    fit(tmp_path, "part", checkpoint_dir=str(tmp_path / "part"), steps=21, **FIT)
+    part = fit(tmp_path, "part", launcher="horovodrun", checkpoint_dir=str(tmp_path / "part"), steps=21, **FIT)
+    assert part["launcher"] == "horovodrun" and part["global_step"] == 21
     resumed = fit(tmp_path, "rest", checkpoint_dir=str(tmp_path / "part"), **FIT)
     assert resumed["history"][-1]["epoch"] == 3 and len({r["param_checksum"] for r in resumed["ranks"]}) == 1
     assert_same_weights(tmp_path / "whole", tmp_path / "part")
