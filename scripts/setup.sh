@@ -71,7 +71,8 @@ planner_python() {
 plan() {
     local planner out
     planner=$(planner_python) || exit 1
-    out=$("$planner" "$REPO/scripts/stack.py" plan --shell "${ARGS[@]}") || exit 1
+    out=$("$planner" "$REPO/scripts/stack.py" plan --shell "${ARGS[@]}") ||
+        die "planning stopped ($planner); what the probed frameworks printed: $HVDTRAIN_CACHE/logs/plan-probe.log"
     eval "$out"
 }
 if [ "$PLAN_ONLY" = 1 ]; then

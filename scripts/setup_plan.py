@@ -76,7 +76,7 @@ class HorovodProbe:
     where: str                    # venv | pythonpath (a module's, before the venv) | site
     version: str
     path: str
-    missing: tuple[str, ...] = ()  # "torch-ops", "tf-ops", "controller"; in use: "torch-use", "tf-keras3", "use"
+    missing: tuple[str, ...] = ()  # "torch-ops", "tf-ops", "controller"; in use: "torch-use", "tf-use", "tf-keras3"
     failure: str = ""             # the first use that failed, in one line (or why use was not checked)
 
     def line(self) -> str:
@@ -87,7 +87,9 @@ class HorovodProbe:
         return bool(self.missing) and all(m in USE_FAILURES for m in self.missing)
 
 
-USE_FAILURES = ("torch-use", "tf-keras3", "use")
+# What a site Horovod may fail and still run hvdtrain's trainers (--horovod site keeps it): the
+# Keras 3 tape step, which hvdtrain's trainers avoid by handing Horovod tf.Variables.
+USE_FAILURES = ("tf-keras3",)
 
 
 @dataclass(frozen=True)
@@ -382,17 +384,19 @@ def decide_horovod(probe: HorovodProbe | None, asked: str = "auto") -> tuple[str
                          + (f"; the site's ({probe.line()}) is left unused" if site else "")), ""
     if not site:
         if asked == "site":
-            return "build", "", ("--horovod site: this Python imports no site Horovod"
-                                 + (" (the venv holds ours)" if probe else "") + ": load the site's Horovod module")
+            return "build", "", ("--horovod site: this Python imports no site Horovod: load the site's Horovod module"
+                                 + ("; the venv's own Horovod comes first: remove it (pip uninstall horovod) or "
+                                    "make a new venv" if probe else ""))
         return "build", "", ""   # none, or ours: built (or taken from the cache) by its key
     if not probe.missing:
-        return "site", f"step 'horovod': using the site's Horovod as it is: {probe.line()}", ""
+        return "site", (f"step 'horovod': using the site's Horovod as it is: {probe.line()}"
+                        + (f" ({probe.failure})" if probe.failure else "")), ""
     why = f"fails in use ({probe.failure})" if probe.fails_only_in_use() else "lacks what hvdtrain needs"
     if asked == "site":
         if not probe.fails_only_in_use():
             return "build", "", f"--horovod site: the site's Horovod ({probe.line()}) {why}: it cannot train"
         return "site", (f"step 'horovod': using the site's Horovod as asked (--horovod site) although it {why}: "
-                        f"hvdtrain's own trainers run on it, your own Horovod code doing the same would fail; "
+                        f"hvdtrain's trainers and loop APIs run on it, your own Horovod Keras 3 code would fail; "
                         f"{probe.line()}"), ""
     keep = "; or keep it with --horovod site" if probe.fails_only_in_use() else ""
     if shadowed:
@@ -602,7 +606,7 @@ def describe(p: Plan) -> list[str]:
         lines.append(f"  horovod       STOP: {p.horovod_error}")
     elif p.horovod == "site":
         lines.append("  horovod       " + (p.horovod_say.replace("step 'horovod': ", "")
-                                           if "--horovod site" in p.horovod_say
+                                           if "--horovod site" in p.horovod_say or "not checked in use" in p.horovod_say
                                            else f"the site's, used as it is: {p.horovod_found}"))
     else:
         lines.append("  horovod       " + (p.horovod_say or f"ours, built or taken from the cache by its key "

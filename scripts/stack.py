@@ -18,6 +18,7 @@ import contextlib
 import glob
 import importlib
 import importlib.metadata as md
+import importlib.util
 import os
 import re
 import shutil
@@ -97,7 +98,7 @@ def _output_to(fd_target: int, fds=(1,)):
             os.close(copy)
 
 
-def horovod(wanted: tuple) -> sp.HorovodProbe | None:
+def horovod(wanted: tuple, cache_dir: str | None = None) -> sp.HorovodProbe | None:
     """The Horovod this Python imports (None: none), where from, and which of the wanted framework
     ops or controllers do not load."""
     try:
@@ -122,7 +123,7 @@ def horovod(wanted: tuple) -> sp.HorovodProbe | None:
     if not missing and where != "venv" and wanted:
         # Ops that load are not yet ops that work: a site's Horovod 0.28.1 under TF >= 2.16
         # loads and then fails users' first GradientTape step on Keras 3 variables.
-        failed, failure = use_check(wanted)
+        failed, failure = use_check(wanted, cache_dir)
         missing += failed
     return sp.HorovodProbe(where, getattr(hvd_pkg, "__version__", "?"), path, tuple(missing), failure)
 
@@ -130,25 +131,47 @@ def horovod(wanted: tuple) -> sp.HorovodProbe | None:
 USE_CHECK_SECONDS = 180
 
 
-def use_check(wanted: tuple) -> tuple[list[str], str]:
+def use_check(wanted: tuple, cache_dir: str | None = None) -> tuple[list[str], str]:
     """Horovod used as users use it, in a process of its own (hvd.init starts MPI, alone as one
-    rank): (what failed, the first failure in one line). A check that cannot finish in
-    USE_CHECK_SECONDS (an MPI that cannot start alone on this node) fails nothing: it is said."""
+    rank): (what failed, the failures in one line). A check that cannot finish (an MPI that
+    cannot start alone on this node, a crash at exit) fails nothing and says so. Answers are
+    kept in cache_dir by what they depend on: set-up plans several times, each would redo it."""
+    import hashlib
+    import json
+
+    hvd_dir = os.path.dirname(importlib.util.find_spec("horovod").origin)
+    stamps = [(f, os.path.getmtime(os.path.join(hvd_dir, f))) for f in ("__init__.py", "tensorflow/__init__.py",
+                                                                        "torch/__init__.py")
+              if os.path.exists(os.path.join(hvd_dir, f))]
+    key = hashlib.sha256(json.dumps([sys.executable, hvd_dir, stamps, sorted(wanted),
+                                     os.environ.get("TF_USE_LEGACY_KERAS", "")]).encode()).hexdigest()[:16]
+    kept = os.path.join(cache_dir, "use-check", f"{key}.json") if cache_dir else None
+    if kept and os.path.exists(kept):
+        with open(kept) as f:
+            answer = json.load(f)
+        return answer["failed"], answer["failure"]
     try:
         run = subprocess.run([sys.executable, os.path.abspath(__file__), "use-check", *wanted],
                              capture_output=True, text=True, timeout=USE_CHECK_SECONDS,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"})
     except subprocess.TimeoutExpired:
         return [], f"not checked in use: one rank's hvd.init() and first ops did not finish in {USE_CHECK_SECONDS} s"
-    failed = [line.split(" ", 2)[1:] for line in run.stdout.splitlines() if line.startswith("FAILED ")]
-    if run.returncode != 0 and not failed:
+    lines = run.stdout.splitlines()
+    failed = [line.split(" ", 2)[1:] for line in lines if line.startswith("FAILED ")]
+    if "DONE" not in lines and not failed:
         tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        return ["use"], f"Horovod could not be used alone as one rank (exit {run.returncode}: {tail[:200]})"
-    return [name for name, _ in failed], "; ".join(why for _, why in failed)
+        return [], f"not checked in use: Horovod did not start alone as one rank here (exit {run.returncode}: {tail[:160]})"
+    answer = {"failed": [name for name, _ in failed], "failure": "; ".join(why for _, why in failed)}
+    if kept:
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        with open(kept + ".tmp", "w") as f:
+            json.dump(answer, f)
+        os.replace(kept + ".tmp", kept)
+    return answer["failed"], answer["failure"]
 
 
 def _use_checks(wanted: list[str]) -> None:
-    """`use-check torch tf`: one line `FAILED <what> <why>` per use that fails."""
+    """`use-check torch tf`: one line `FAILED <what> <why>` per use that fails, then `DONE`."""
     def failure(fn) -> str | None:
         try:
             fn()
@@ -163,12 +186,18 @@ def _use_checks(wanted: list[str]) -> None:
         total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="hvdtrain.setup.use_check")
         assert total.tolist() == [float(hvd.size())] * 2, f"allreduce gave {total.tolist()}"
 
-    def tf_keras3():
+    def tf_ops():
         import tensorflow as tf
         import horovod.tensorflow as hvd
         hvd.init()
+        total = hvd.allreduce(tf.ones(2), op=hvd.Sum, name="hvdtrain.setup.use_check")
+        assert total.numpy().tolist() == [float(hvd.size())] * 2, f"allreduce gave {total.numpy().tolist()}"
+
+    def tf_keras3():
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
         import keras
-        if int(keras.__version__.split(".")[0]) < 3 or os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        if int(keras.__version__.split(".")[0]) < 3 or os.environ.get("TF_USE_LEGACY_KERAS", "") in ("1", "true", "True"):
             return  # Keras 2: Horovod 0.28.1's own ground
         import horovod.tensorflow.keras  # noqa: F401 - Horovod's Keras layer must import
         weight = keras.Variable(1.0)
@@ -177,12 +206,20 @@ def _use_checks(wanted: list[str]) -> None:
         grad = hvd.DistributedGradientTape(tape).gradient(loss, [weight])[0]
         assert float(grad) == 2.0, f"gradient {float(grad)}, not 2"
 
-    checks = {"torch": ("torch-use", torch_ops), "tf": ("tf-keras3", tf_keras3)}
+    checks = {"torch": [("torch-use", torch_ops)], "tf": [("tf-use", tf_ops), ("tf-keras3", tf_keras3)]}
+    failures = []
     with _output_to(2):   # what the frameworks print is not an answer
-        failures = [(checks[fw][0], failure(checks[fw][1])) for fw in sorted(wanted, key=lambda f: f != "torch")]
+        for fw in sorted(wanted, key=lambda f: f != "torch"):   # torch first, as everywhere here
+            for what, fn in checks[fw]:
+                why = failure(fn)
+                if why:
+                    failures.append((what, why))
+                    break   # the Keras check means nothing once the ops fail
     for what, why in failures:
-        if why:
-            print(f"FAILED {what} {why}", flush=True)
+        print(f"FAILED {what} {why}", flush=True)
+    print("DONE", flush=True)
+    sys.stdout.flush()
+    os._exit(0)   # no framework teardown: a crash there is no answer about Horovod
 
 
 def site_toolkit() -> str | None:
@@ -412,7 +449,7 @@ def python_facts(options: sp.Options, mode: str) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     importable = tuple(frameworks()) if sp.frameworks_from_site(options, mode) else None
     wanted, _ = sp.decide_frameworks(options.frameworks, mode, importable)
-    hvd = horovod(wanted)   # first: it imports the frameworks in the order set-up always did
+    hvd = horovod(wanted, options.cache)   # first: it imports the frameworks in the order set-up always did
     cuda = torch_cuda()
     return dict(planner=sys.executable, in_venv=os.path.realpath(sys.prefix) == os.path.realpath(options.venv),
                 pytag=f"py{sys.version_info[0]}{sys.version_info[1]}", importable=importable,
@@ -473,12 +510,19 @@ def plan_command(args: list[str]) -> None:
     options = sp.parse_options([a for a in args if a != "--shell"], dict(os.environ))
     # Whatever the frameworks print while they are probed (TensorFlow's and absl's log lines) is
     # neither the plan nor an answer for setup.sh's eval: both go to /dev/null meanwhile.
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    # Kept in a log (not shown): the tail is printed if probing fails.
+    log = os.path.join(options.cache, "logs", "plan-probe.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        with _output_to(devnull, (1, 2)):
+        with _output_to(out, (1, 2)):
             facts = gather_facts(options)
+    except Exception:
+        with open(log, errors="replace") as f:
+            sys.stderr.write("".join(f.readlines()[-20:]))
+        raise
     finally:
-        os.close(devnull)
+        os.close(out)
     p = sp.plan(facts)
     print(sp.shell(p, options) if as_shell else "\n".join(sp.describe(p)))
 

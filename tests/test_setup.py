@@ -327,6 +327,13 @@ def test_site_horovod_failing_keras3_is_not_kept_silently(cluster_user, cluster_
                     f"$HOME/cache-unpatched/venv-py311/bin/python -m hvdtrain.tf --model mnist_cnn --dataset digits "
                     f"--epochs 1 --steps 12 --threads-per-rank 1 --result-json {home}/unpatched.json", timeout=360)
     assert train.returncode == 0, (train.stdout + train.stderr)[-4000:]
+    # A user's GradientTape loop through hvdtrain.tf.start_tape_loop runs on it too (job.tape hands
+    # Horovod the tf.Variables); Horovod's own DistributedGradientTape on Keras 3 variables would not.
+    tape = as_user(cluster_user, cluster_root, "module-horovod-unpatched",
+                   f"rm -rf {home}/unpatched-tape && cd repo && timeout 300 mpirun -np 2 --bind-to none --oversubscribe "
+                   f"$HOME/cache-unpatched/venv-py311/bin/python tf_examples/tape_loop_digits.py --epochs 1 "
+                   f"--checkpoint-dir {home}/unpatched-tape", timeout=360)
+    assert tape.returncode == 0 and "val_accuracy=" in tape.stdout, (tape.stdout + tape.stderr)[-4000:]
 
 
 def test_failing_step_stops_setup_and_leaves_no_stamp(tmp_path):

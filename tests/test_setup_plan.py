@@ -215,12 +215,46 @@ def test_site_horovod_failing_keras3_is_rebuilt_or_kept_as_asked():
                 horovod="site").horovod_error.endswith("lacks what hvdtrain needs: it cannot train")
     assert plan(dataclasses.replace(facts, horovod=None), frameworks="torch,tf",
                 horovod="site").horovod_error == "--horovod site: this Python imports no site Horovod: load the site's Horovod module"
+    assert "the venv's own Horovod comes first" in plan(
+        dataclasses.replace(facts, horovod=dataclasses.replace(working, where="venv")), horovod="site").horovod_error
     for argv, line in ((["--horovod"], "--horovod needs auto, site or build"),
                        (["--horovod=ours"], "--horovod 'ours' is not auto, site or build")):
         with pytest.raises(sp.PlanError, match="^" + re.escape(line) + "$"):
             sp.parse_options(argv, {})
     assert sp.parse_options(["--horovod", "build"], {}).horovod == "build"
     assert sp.parse_options([], {"HVDTRAIN_HOROVOD": "site"}).horovod == "site"
+
+
+def test_use_check_reads_failures_and_says_what_it_could_not_check(monkeypatch, tmp_path):
+    """stack.use_check's answers from the check's own process (FAILED lines, then DONE): failures
+    are named; a process that timed out or ended before DONE (an MPI that cannot start alone)
+    fails nothing and says so; a finished answer is kept and not asked again."""
+    runs = []
+
+    def answer(stdout="", returncode=0, stderr="", timeout=False):
+        def fake_run(cmd, **kwargs):
+            runs.append(cmd)
+            if timeout:
+                raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+            return subprocess.CompletedProcess(cmd, returncode, stdout, stderr)
+        monkeypatch.setattr(stack.subprocess, "run", fake_run)
+
+    answer("FAILED tf-keras3 AttributeError: 'Variable' object has no attribute 'ref'\nDONE\n")
+    assert stack.use_check(("torch", "tf")) == (["tf-keras3"], KERAS3)
+    answer(returncode=134, stderr="PMI2_Init failed\n")
+    failed, why = stack.use_check(("torch",))
+    assert failed == [] and why.startswith("not checked in use: Horovod did not start alone as one rank here (exit 134: PMI2")
+    answer(timeout=True)
+    assert stack.use_check(("tf",)) == ([], f"not checked in use: one rank's hvd.init() and first ops did not finish "
+                                             f"in {stack.USE_CHECK_SECONDS} s")
+    answer("DONE\n")
+    runs.clear()
+    assert stack.use_check(("tf",), str(tmp_path)) == ([], "") and len(runs) == 1
+    assert stack.use_check(("tf",), str(tmp_path)) == ([], "") and len(runs) == 1   # kept
+    unchecked = sp.HorovodProbe("site", "0.28.1", "/apps/horovod", (), "not checked in use: ...")
+    p = sp.plan(dataclasses.replace(CLUSTER_TORCH, horovod=unchecked))
+    assert p.horovod == "site" and p.horovod_say.endswith("ok (not checked in use: ...)")
+    assert any(line.endswith("(not checked in use: ...)") for line in sp.describe(p))
 
 
 def test_site_horovod_on_pythonpath_missing_an_op_stops_setup():

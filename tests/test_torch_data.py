@@ -45,3 +45,22 @@ def test_in_memory_batches_are_gathered_whole_and_equal_the_per_sample_batches(m
     val = [b for b in data.val_loader(array, cfg, 1, 2)]
     assert torch.equal(torch.cat([y for _, y in val]), torch.arange(1, 30, 2))
     assert torch.equal(torch.cat([x for x, _ in val]), images[torch.arange(1, 30, 2) % 7])
+
+
+def test_datasets_that_may_change_their_samples_are_read_a_sample_at_a_time():
+    """A TensorDataset subclass with its own __getitem__ (a transform) is not gathered: its
+    __getitem__ runs for every sample. Columns that require grad still load; the loader's dataset
+    answers for the user's dataset's attributes."""
+    cfg = TrainConfig(framework="torch", model="mnist_cnn", dataset="digits", batch_size=4, num_workers=0, seed=3)
+
+    class Doubled(torch.utils.data.TensorDataset):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return x * 2, y
+
+    doubled = Doubled(torch.ones(12, 3), torch.arange(12))
+    assert all(torch.equal(x, torch.full((4, 3), 2.0)) for x, _ in data.interleaved_train_loader(doubled, cfg, 1, 0, 0))
+    features = torch.utils.data.TensorDataset(torch.randn(12, 3, requires_grad=True), torch.arange(12))
+    features.classes = ["a", "b"]
+    loader = data.interleaved_train_loader(features, cfg, 1, 0, 0)
+    assert len(list(loader)) == 3 and loader.dataset.classes == ["a", "b"]

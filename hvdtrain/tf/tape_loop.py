@@ -87,9 +87,10 @@ class TapeJob(Job):
 
     def tape(self, tape):
         """Horovod's DistributedGradientTape around `tape` (in or out of a tf.function): its
-        gradient() returns the gradients averaged over ranks. Sources may be Keras 3 variables
-        (hvdtrain's Horovod build takes the tf.Variable inside each)."""
-        return self.backend.distributed_tape(tape, self.cfg)
+        gradient() returns the gradients averaged over ranks. Sources may be Keras 3 variables:
+        Horovod is handed the tf.Variable inside each, so that a site's Horovod without the
+        Keras 3 fixes works too ('Variable' object has no attribute 'ref')."""
+        return _TfVariableSources(self.backend.distributed_tape(tape, self.cfg))
 
     # ------------------------------------------------------------------ data
     def shard(self, *arrays):
@@ -219,6 +220,8 @@ class TapeJob(Job):
         """Every rank: BatchNorm statistics averaged over ranks, then rank 0 writes the model's and
         the optimizer's variables and where the loop is (the next epoch, or a stopped epoch's
         unstepped batches) atomically; the newest `keep` kept. A failure ends every rank."""
+        if not checkpoint_dir or not isinstance(checkpoint_dir, str):   # every rank: none waits for rank 0
+            raise UsageError(f"job.save(): checkpoint_dir must be a directory path (got {checkpoint_dir!r})")
         if not isinstance(keep, int) or keep < 1:
             raise UsageError(f"job.save(): keep must be an integer >= 1 (got {keep!r})")
         self._check_model(model, optimizer, "job.save()")
@@ -238,3 +241,24 @@ class TapeJob(Job):
         self.requeue_if_asked(self.stopped_by)
         self.watchdog.stop()
         self.backend.shutdown()
+
+
+class _TfVariableSources:
+    """A DistributedGradientTape whose gradient() is given each source's tf.Variable, as
+    hvdtrain's own TF trainer gives them (hvdtrain/tf/devices.py tf_variable): Horovod 0.28.1 as
+    released keys sources by Variable.ref(), which Keras 3 variables lack. The gradients are the
+    same: a Keras 3 variable's ops read that tf.Variable, which is what the tape watched."""
+
+    def __init__(self, tape):
+        self._tape = tape
+
+    def gradient(self, target, sources, *args, **kwargs):
+        from hvdtrain.tf.devices import tf_variable
+        import tensorflow as tf
+
+        return self._tape.gradient(target, tf.nest.map_structure(tf_variable, sources), *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_tape":
+            raise AttributeError(name)
+        return getattr(self._tape, name)

@@ -147,9 +147,9 @@ class _Gathered(Dataset):
     def __init__(self, dataset, pin: bool):
         self.dataset, self.pin = dataset, pin
         inner, self.indices = dataset, None
-        if isinstance(dataset, Subset):
+        if type(dataset) is Subset:
             inner, self.indices = dataset.dataset, torch.as_tensor(dataset.indices, dtype=torch.int64)
-        if isinstance(inner, ArrayDataset):
+        if type(inner) is ArrayDataset:
             self.columns, self.wrap = (inner.x, inner.y), len(inner.x)  # x[i % len(x)]: see ArrayDataset
         else:
             self.columns, self.wrap = inner.tensors, None
@@ -157,8 +157,14 @@ class _Gathered(Dataset):
     @staticmethod
     def can_gather(dataset) -> bool:
         """Host tensors only: a user's TensorDataset may hold GPU tensors, which stay as they are."""
-        inner = dataset.dataset if isinstance(dataset, Subset) else dataset
-        columns = (inner.x, inner.y) if isinstance(inner, ArrayDataset) else getattr(inner, "tensors", ())
+        # Exactly these classes: a subclass may change __getitem__ (a transform), which a gather skips.
+        inner = dataset.dataset if type(dataset) is Subset else dataset
+        if type(inner) is ArrayDataset:
+            columns = (inner.x, inner.y)
+        elif type(inner) is TensorDataset:
+            columns = inner.tensors
+        else:
+            return False
         return bool(columns) and all(isinstance(c, torch.Tensor) and c.device.type == "cpu" for c in columns)
 
     def __len__(self):
@@ -176,7 +182,12 @@ class _Gathered(Dataset):
 
     def _take(self, column, index):
         out = torch.empty((len(index), *column.shape[1:]), dtype=column.dtype, pin_memory=self.pin)
-        return torch.index_select(column, 0, index, out=out)
+        return torch.index_select(column.detach(), 0, index, out=out)  # as the per-sample path: no autograd
+
+    def __getattr__(self, name):  # loader.dataset.<attribute> reaches the user's dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 class _Batch(tuple):
