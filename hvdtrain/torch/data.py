@@ -130,42 +130,44 @@ def val_loader(dataset, cfg, rank: int, world_size: int):
 
 def _loader(dataset, cfg, **kwargs) -> DataLoader:
     if not _workers(dataset, cfg):
-        if _Gathered.can_gather(dataset):
-            return DataLoader(_Gathered(dataset, kwargs.get("pin_memory", False)), num_workers=0,
+        gatherable = _gatherable(dataset)
+        if gatherable:
+            return DataLoader(_Gathered(dataset, gatherable, kwargs.get("pin_memory", False)), num_workers=0,
                               collate_fn=_collate_gathered, **kwargs)
         return DataLoader(dataset, num_workers=0, **kwargs)
     return DataLoader(dataset, num_workers=cfg.num_workers, multiprocessing_context=workers.worker_context(),
                       worker_init_fn=workers.init_worker, **kwargs)
 
 
+def _gatherable(dataset):
+    """(columns, wrap, Subset indices or None) of an in-memory dataset whose batches can be
+    gathered whole, else None. Exactly ArrayDataset, TensorDataset and a plain Subset of either:
+    a subclass may change __getitem__ (a transform), which a gather would skip. Host tensors
+    only: a user's TensorDataset may hold GPU tensors, which stay as they are."""
+    inner, indices = dataset, None
+    if type(dataset) is Subset:
+        inner, indices = dataset.dataset, dataset.indices
+    if type(inner) is ArrayDataset:
+        columns, wrap = (inner.x, inner.y), len(inner.x)  # x[i % len(x)]: see ArrayDataset
+    elif type(inner) is TensorDataset:
+        columns, wrap = inner.tensors, None
+    else:
+        return None
+    if not columns or not all(isinstance(c, torch.Tensor) and c.device.type == "cpu" for c in columns):
+        return None
+    return columns, wrap, indices
+
+
 class _Gathered(Dataset):
-    """An in-memory dataset (ArrayDataset, TensorDataset, a Subset of either) whose batches are
-    one gather each, into pinned memory when the loader pins, instead of a sample at a time then
-    stacked and copied again to pin. The batches are the same tensors; on an H100 the per-sample
-    path kept the GPU idle 25 of ResNet-50's 59 ms a step (AMP, batch 128, 224x224 synthetic)."""
+    """An in-memory dataset (see _gatherable) whose batches are one gather each, into pinned
+    memory when the loader pins, instead of a sample at a time then stacked and copied again to
+    pin. The batches are the same tensors; on an H100 the per-sample path kept the GPU idle 25 of
+    ResNet-50's 59 ms a step (AMP, batch 128, 224x224 synthetic)."""
 
-    def __init__(self, dataset, pin: bool):
+    def __init__(self, dataset, gatherable, pin: bool):
         self.dataset, self.pin = dataset, pin
-        inner, self.indices = dataset, None
-        if type(dataset) is Subset:
-            inner, self.indices = dataset.dataset, torch.as_tensor(dataset.indices, dtype=torch.int64)
-        if type(inner) is ArrayDataset:
-            self.columns, self.wrap = (inner.x, inner.y), len(inner.x)  # x[i % len(x)]: see ArrayDataset
-        else:
-            self.columns, self.wrap = inner.tensors, None
-
-    @staticmethod
-    def can_gather(dataset) -> bool:
-        """Host tensors only: a user's TensorDataset may hold GPU tensors, which stay as they are."""
-        # Exactly these classes: a subclass may change __getitem__ (a transform), which a gather skips.
-        inner = dataset.dataset if type(dataset) is Subset else dataset
-        if type(inner) is ArrayDataset:
-            columns = (inner.x, inner.y)
-        elif type(inner) is TensorDataset:
-            columns = inner.tensors
-        else:
-            return False
-        return bool(columns) and all(isinstance(c, torch.Tensor) and c.device.type == "cpu" for c in columns)
+        self.columns, self.wrap, indices = gatherable
+        self.indices = None if indices is None else torch.as_tensor(indices, dtype=torch.int64)
 
     def __len__(self):
         return len(self.dataset)
