@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 from hvdtrain.config import TrainConfig, build_parser, config_from_args
 from hvdtrain.datasets import check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
+from hvdtrain.shards import read_manifest
 
 
 def main(framework: str, models: Iterable[str], train: Callable[[TrainConfig], None],
@@ -22,6 +23,11 @@ def main(framework: str, models: Iterable[str], train: Callable[[TrainConfig], N
         check(cfg)
         if cfg.dataset == "imagefolder":
             check_imagefolder(cfg.data_dir)
+        elif cfg.dataset == "shards":
+            if framework != "torch":
+                raise UsageError(f"--dataset shards is read by hvdtrain.torch only; hvdtrain.{framework} reads "
+                                 "--dataset imagefolder")
+            read_manifest(cfg.data_dir)
         train(cfg)
     except UsageError as err:
         report_and_exit(err, prog)

@@ -18,7 +18,7 @@ from hvdtrain import backends, options, plugins, recipes
 from hvdtrain.errors import UsageError
 from hvdtrain.options import FREE, MATCH, RESIZE, declared, opt
 
-DATASETS = ("synthetic", "imagefolder", "digits")
+DATASETS = ("synthetic", "imagefolder", "shards", "digits")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("cosine", "step", "constant")
 AMP_MODES = ("off", "fp16", "bf16")
@@ -40,7 +40,8 @@ class TrainConfig:
     loss: str = opt("cross_entropy", help="cross_entropy (accuracy reported too), or your own FILE.py:FUNCTION, "
                                           "(outputs, targets) -> scalar tensor", per_rank=False, resume=MATCH,
                     frameworks=("torch",))
-    data_dir: str | None = opt(None, help="imagefolder root holding train/ and val/ class folders", per_rank=True,
+    data_dir: str | None = opt(None, help="imagefolder: the root holding train/ and val/ class folders; shards: the "
+                                          "directory python -m hvdtrain.shards wrote", per_rank=True,
                                resume=FREE)
     epochs: int = opt(1, help="epochs to train", per_rank=False, resume=FREE, at_least=1)
     steps: int | None = opt(None, help="stop after this many optimizer steps in all", per_rank=False, resume=FREE,
@@ -81,8 +82,13 @@ class TrainConfig:
                                           "ResNets on a CUDA GPU, where cuDNN is faster with it)", per_rank=False,
                              resume=FREE, frameworks=("torch",), choices=("auto", "on", "off"))
     seed: int = opt(42, help="seed of the weights, the data order and the random ops", per_rank=False, resume=FREE)
-    num_workers: int = opt(2, help="DataLoader workers per rank", per_rank=True, resume=FREE, frameworks=("torch",),
-                           at_least=0)
+    num_workers: int | None = opt(None, help="DataLoader workers per rank, which decode image files (default: the "
+                                             "rank's cores less one, --cpus-per-task under Slurm; in-memory data "
+                                             "needs none)", per_rank=True, resume=FREE, frameworks=("torch",),
+                                  at_least=0)
+    feeder: str = opt("on", help="read and copy the next batches to the device on a thread while the step runs "
+                                 "(off: in series with the step, to measure what it saves)", per_rank=False,
+                      resume=FREE, frameworks=("torch",), choices=("on", "off"))
     threads_per_rank: int | None = opt(None, help="CPU compute threads per rank (default: cores of the allocation / "
                                                   "ranks per node)", per_rank=True, resume=FREE, at_least=1)
     checkpoint_dir: str | None = opt(None, help="write a checkpoint here every epoch (rank 0)", per_rank=True,
@@ -199,7 +205,7 @@ OPTION_GROUPS = {
     "checkpoints and resume": ("checkpoint_dir", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
     "reliability": ("watchdog_seconds", "divergence_factor"),
     "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),
-    "performance tuning": ("amp", "channels_last", "threads_per_rank", "fp16_allreduce", "use_adasum",
+    "performance tuning": ("amp", "channels_last", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",
                            "horovod_tuning", "cycle_time_ms", "mpi_yield"),
     "backend": ("backend",),
 }

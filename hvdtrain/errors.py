@@ -46,7 +46,12 @@ def rank_label(environ=None) -> str:
 def report_and_exit(err: BaseException, prog: str) -> None:
     from hvdtrain.report import say
 
-    say(f"{prog}: error [{rank_label()}]: {err}", sys.stderr)
+    label = rank_label()
+    # Another rank's progress bar may hold the shared terminal's line open (mpirun and srun merge
+    # the ranks' output): a rank that draws none starts with a line break of its own, or its line
+    # would be glued to the bar's ("...loss=2.3]hvdtrain.torch: error [rank 1/2]: ...").
+    lead = "" if label.startswith("rank 0/") or label.endswith("/1") else "\n"
+    say(f"{lead}{prog}: error [{label}]: {err}", sys.stderr)
     sys.stdout.flush()
     # os._exit: do not run Horovod's/MPI's atexit shutdown, which waits for the other ranks.
     os._exit(EXIT_USAGE)

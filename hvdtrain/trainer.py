@@ -43,7 +43,7 @@ from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
-from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
 from hvdtrain.watchdog import Watchdog
 
 
@@ -85,6 +85,7 @@ class EpochTrainer(abc.ABC):
         the parts. A subclass that needs more arguments sets them before calling this."""
         self._start_backend(cfg)
         self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
+        self._said_data_bound = False  # the input-bound line: once a run
         self._check_outputs()
         self.stop = StopRequest()
         self.position = ckpt.Position()
@@ -117,6 +118,8 @@ class EpochTrainer(abc.ABC):
         self.network = tuning.apply(loopback_settings(self.env))
         self.backend: Collectives = backends.start(cfg, self.threads)  # hvd.init(), init_process_group, ...
         self.cfg = cfg.with_world_size(self.backend.world_size)
+        if self.cfg.num_workers is None:  # the decode workers follow the cores the job gave this rank
+            self.cfg = dataclasses.replace(self.cfg, num_workers=decode_workers(self.threads))
         self.rank, self.world_size = self.backend.rank, self.backend.world_size
         self.is_rank0 = self.rank == 0
         self._check_ranks_agree()
@@ -449,6 +452,27 @@ class EpochTrainer(abc.ABC):
             return
         self.reporter.info(f"step time: {phases_summary(mine)} on rank 0; {slowest_rank_line(ranks)}")
         self.reporter.scalars(self.position.global_step, {f"phases_ms/{phase}": ms for phase, ms in mine.items()})
+        self._say_if_data_bound(ranks)
+
+    DATA_BOUND_SHARE = 0.2  # of a step spent waiting for data: said once, with the remedy
+
+    def _say_if_data_bound(self, ranks: list[dict]) -> None:
+        """Once a run, when a rank waited for its input a large share of its steps (as Lightning
+        warns of too few DataLoader workers): the device was idle that long."""
+        if self._said_data_bound:
+            return
+        timed = [r for r in ranks if r["phases_ms"] and sum(r["phases_ms"].values()) > 0]
+        if not timed:
+            return
+        worst = max(timed, key=lambda r: r["phases_ms"]["data"] / sum(r["phases_ms"].values()))
+        data_ms, step_ms = worst["phases_ms"]["data"], sum(worst["phases_ms"].values())
+        if data_ms / step_ms >= self.DATA_BOUND_SHARE:
+            self._said_data_bound = True
+            self.reporter.info(f"input-bound: rank {worst['rank']} waited {data_ms:.1f} of its {step_ms:.1f} ms a step "
+                               f"({data_ms / step_ms:.0%}) for data; {self._data_remedy()}")
+
+    def _data_remedy(self) -> str:
+        return "give each rank more cores (--cpus-per-task)"
 
     def finish(self, stopped_by: str | None) -> dict:
         """After the last epoch (or a stop), every rank: the per-rank figures gathered, the result

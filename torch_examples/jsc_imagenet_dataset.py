@@ -20,20 +20,29 @@ Check an index before a job spends its allocation on it:
 
 hvdtrain reads the number of classes from the training set's `classes` (a built-in model needs
 it); nothing here knows about ranks: hvdtrain shards the data and starts the loader workers.
+
+Images are decoded to uint8 tensors and augmented as uint8 (hvdtrain/torch/images.py: about twice
+PIL + ToTensor per core); `input_normalization` tells hvdtrain to make them normalised floats on the
+GPU, after the copy. The same index can be written as tar shards, which read faster on a parallel
+file system and fit an inode quota:
+
+    python -m hvdtrain.shards write --index train=$DATA_ROOT/train_index.pkl \
+        --index val=$DATA_ROOT/val_index.pkl --root $DATA_ROOT --out $SCRATCH/imagenet-shards
+    srun python -m hvdtrain.torch --model resnet50 --dataset shards --data-dir $SCRATCH/imagenet-shards
 """
 import operator
 import os
 import pickle
 
-from PIL import Image
 from torch.utils.data import Dataset
-from torchvision import transforms as T
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+from hvdtrain.torch import images
 
 
 class ImageNetIndex(Dataset):
-    """(image tensor, label) for each (relative path, label) of a pickled index under `root`."""
+    """(uint8 image tensor, label) for each (relative path, label) of a pickled index under `root`."""
+
+    input_normalization = images.IMAGENET_NORMALIZATION  # (mean, std): applied on the device
 
     def __init__(self, root: str, index_file: str, transform, num_classes: int | None = None):
         where = os.path.join(root, index_file)
@@ -57,9 +66,7 @@ class ImageNetIndex(Dataset):
 
     def __getitem__(self, i):
         path, label = self.samples[i]
-        with open(os.path.join(self.root, path), "rb") as f:
-            image = Image.open(f).convert("RGB")
-        return self.transform(image), label
+        return self.transform(images.load_file(os.path.join(self.root, path))), label
 
 
 def datasets():
@@ -68,11 +75,9 @@ def datasets():
     if not root:
         raise RuntimeError("set DATA_ROOT to the folder holding train_index.pkl and val_index.pkl")
     size = int(os.environ.get("IMAGE_SIZE", "224"))
-    normalize = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train = ImageNetIndex(root, "train_index.pkl", T.Compose(
-        [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), normalize]))
-    val = ImageNetIndex(root, "val_index.pkl", T.Compose(
-        [T.Resize(size * 256 // 224), T.CenterCrop(size), T.ToTensor(), normalize]), len(train.classes))
+    # RandomResizedCrop + flip; resize to size x 256/224 and centre crop (torchvision's v2, on uint8).
+    train = ImageNetIndex(root, "train_index.pkl", images.train_augment(size))
+    val = ImageNetIndex(root, "val_index.pkl", images.val_augment(size), len(train.classes))
     return train, val
 
 

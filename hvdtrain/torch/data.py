@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, default_collate
 
 from hvdtrain import datasets
-from hvdtrain.torch import workers
+from hvdtrain.torch import images, workers
 
 
 class ArrayDataset(Dataset):
@@ -54,36 +54,40 @@ class SkipSampler(Sampler):
         return max(0, len(self.sampler) - self.skip)
 
 
-def load_image(path: str):
-    """torchvision's default loader, with a corrupt file reported by path."""
-    from PIL import Image
-
-    try:
-        with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
-    except (OSError, SyntaxError, ValueError) as err:  # PIL raises these for bad or truncated files
-        raise datasets.BadSample(f"cannot read image {path} ({type(err).__name__}: {err})") from None
-
-
 def build_datasets(cfg):
-    """(train, val, in_channels, num_classes, image_size) for cfg.dataset."""
+    """(train, val, in_channels, num_classes, image_size) for cfg.dataset. Image files (a folder
+    tree, shards) give uint8 images, normalised on the device (hvdtrain/torch/images.py)."""
     if cfg.dataset == "digits":
         split = datasets.digits_split()
     elif cfg.dataset == "synthetic":
         split = datasets.synthetic_split(cfg.synthetic_size, cfg.image_size, seed=cfg.seed)
+    elif cfg.dataset == "shards":
+        train = images.ShardImages(cfg.data_dir, "train", images.train_augment(cfg.image_size))
+        val = images.ShardImages(cfg.data_dir, "val", images.val_augment(cfg.image_size))
+        return SeededSamples(train, cfg.seed), val, 3, len(train.classes), cfg.image_size
     else:
-        from torchvision import datasets as tv_datasets, transforms as T
-
         classes = datasets.check_imagefolder(cfg.data_dir)
-        norm = T.Normalize(datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
-        train_tf = T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
-        val_tf = T.Compose([T.Resize(int(cfg.image_size * 1.14)), T.CenterCrop(cfg.image_size), T.ToTensor(), norm])
-        train = SeededSamples(tv_datasets.ImageFolder(f"{cfg.data_dir}/train", transform=train_tf, loader=load_image),
-                              cfg.seed)
-        val = tv_datasets.ImageFolder(f"{cfg.data_dir}/val", transform=val_tf, loader=load_image)
-        return train, val, 3, len(classes), cfg.image_size
+        train = images.image_folder(f"{cfg.data_dir}/train", images.train_augment(cfg.image_size))
+        val = images.image_folder(f"{cfg.data_dir}/val", images.val_augment(cfg.image_size))
+        return SeededSamples(train, cfg.seed), val, 3, len(classes), cfg.image_size
     return (ArrayDataset(split.x_train, split.y_train), ArrayDataset(split.x_val, split.y_val),
             split.in_channels, split.num_classes, split.image_size)
+
+
+def input_normalization(dataset):
+    """The (mean, std) with which the device normalises `dataset`'s uint8 images, or None: a
+    dataset says it by its `input_normalization` attribute (hvdtrain's image datasets do, a
+    user's may), seen through SeededSamples and Subset."""
+    while isinstance(dataset, (SeededSamples, Subset)):
+        dataset = dataset.dataset
+    return getattr(dataset, "input_normalization", None)
+
+
+def feeds_on_thread(loader) -> bool:
+    """Whether `loader`'s batches can be fetched on the feeder's thread (hvdtrain/torch/feeder.py):
+    made by workers, or gathered whole from memory; not when the main process would call a
+    dataset's __getitem__, which may draw from torch's global generator."""
+    return loader.num_workers > 0 or isinstance(loader.dataset, _Gathered)
 
 
 def _epoch_sampler(dataset, cfg, rank: int, world_size: int, epoch: int) -> DistributedSampler:

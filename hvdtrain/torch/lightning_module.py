@@ -38,9 +38,7 @@ class TrainerModule(pl.LightningModule):
         hv = self.hv
         torch.manual_seed(step_seed(hv.cfg.seed, hv.position.global_step, hv.rank))
         x, y = batch
-        if hv.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        out = self.model(x)
+        out = self.model(hv.prepare_inputs(x))
         loss = hv._loss(out, y)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(y))
         # On the device, as the other backends keep them: the meter reads them at log intervals.
@@ -51,9 +49,7 @@ class TrainerModule(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        if self.hv.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        out = self.model(x)
+        out = self.model(self.hv.prepare_inputs(x))
         # Sums, reduced over every rank by Lightning (sync_dist): exact over uneven shards, where
         # a mean of the ranks' means would not be.
         for name, value in (("val_loss_sum", self.hv._sample_losses(out, y).sum()),

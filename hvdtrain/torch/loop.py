@@ -28,9 +28,11 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error, in_one_line
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
-from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
+from hvdtrain.torch import data, images
 from hvdtrain.torch.devices import rank_device
+from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.watchdog import Watchdog
 
 PROG = "hvdtrain.torch.loop"
@@ -52,6 +54,7 @@ def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int 
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(seed)
+    cfg = dataclasses.replace(cfg, num_workers=decode_workers(threads))  # loader()'s default
     return Run(backend, cfg, device, watchdog, env.job_id)
 
 
@@ -84,19 +87,30 @@ class Run:
         return model, optimizer
 
     @exits_on_usage_error(PROG)
-    def loader(self, dataset, batch_size: int, epoch: int, *, num_workers: int = 2):
-        """This rank's seeded shard of `epoch` (batch_size per rank; a resumed epoch's rest), drop_last."""
-        cfg = dataclasses.replace(self.cfg, batch_size=batch_size, num_workers=num_workers)  # checks them
+    def loader(self, dataset, batch_size: int, epoch: int, *, num_workers: int | None = None):
+        """This rank's seeded shard of `epoch` (batch_size per rank; a resumed epoch's rest), drop_last,
+        on the device: the next batches are read and copied while your step runs (hvdtrain/torch/feeder.py).
+        num_workers: the rank's cores less one by default (in-memory tensors need none)."""
+        cfg = dataclasses.replace(self.cfg, batch_size=batch_size,
+                                  num_workers=self.cfg.num_workers if num_workers is None else num_workers)
         self.batching = [self.world_size, batch_size]
         resumed = epoch == self.position.epoch and self.resumed_batching in (None, self.batching)
         skip = self.position.step_in_epoch if resumed else 0  # other shards than the checkpoint's: all again
         self.position = dataclasses.replace(self.position, epoch=epoch, step_in_epoch=skip)
         loader = self.backend.train_loader(dataset, cfg, epoch, skip)
         self.batches_in_epoch = skip + len(loader)
-        return loader
+        return self._feed(loader, dataset)
 
     def eval_loader(self, dataset, batch_size: int):  # each sample on one rank: sum, count, run.sum
-        return self.backend.val_loader(dataset, dataclasses.replace(self.cfg, batch_size=batch_size))
+        return self._feed(self.backend.val_loader(dataset, dataclasses.replace(self.cfg, batch_size=batch_size)),
+                          dataset)
+
+    def _feed(self, loader, dataset) -> DeviceFeeder:
+        """Batches on the device; uint8 images of hvdtrain's datasets (or yours that say how:
+        hvdtrain/torch/images.py) as normalised floats."""
+        normalization = data.input_normalization(dataset)
+        return DeviceFeeder(loader, self.device, lambda x: images.to_model_input(x, normalization),
+                            threaded=data.feeds_on_thread(loader))
 
     def sum(self, values) -> torch.Tensor:  # over ranks, float64 on the CPU: e.g. (loss sum, count)
         local = np.atleast_1d(torch.as_tensor(values).detach().cpu().double().numpy())

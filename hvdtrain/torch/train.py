@@ -24,7 +24,8 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import device_settings
+from hvdtrain.torch import data, device_settings, images
+from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
 from hvdtrain.torch.workload import TorchWorkload, from_config
@@ -81,6 +82,9 @@ class Trainer(EpochTrainer):
         self.val_batches = None  # the validation loader, once _validate builds it
         self.train_ds, self.val_ds = self.workload.train_data, self.workload.val_data
         self.num_classes = self.workload.num_classes
+        # uint8 images (hvdtrain's image files, or a user's dataset that says so) become floats on
+        # the device, after the copy: hvdtrain/torch/images.py.
+        self.input_normalization = data.input_normalization(self.train_ds)
         return len(self.train_ds), len(self.val_ds) if self.val_ds is not None else 0
 
     def _build_model(self) -> None:
@@ -141,6 +145,22 @@ class Trainer(EpochTrainer):
             if scaler_state:
                 self.scaler.load_state_dict(scaler_state)
 
+    def prepare_inputs(self, x):
+        """A batch's inputs, on the device, as the model takes them: uint8 images normalised,
+        channels-last where chosen. Run by the feeder on its side stream, and by Lightning's steps."""
+        return images.to_model_input(x, self.input_normalization, self.channels_last)
+
+    def _feed(self, loader):
+        """The loader's batches on the device, the next ones prepared during the current step
+        (hvdtrain/torch/feeder.py)."""
+        return DeviceFeeder(loader, self.device, self.prepare_inputs,
+                            threaded=self.cfg.feeder == "on" and data.feeds_on_thread(loader))
+
+    def _data_remedy(self) -> str:
+        return (f"each rank has {self.threads} core(s) and {self.cfg.num_workers} decode worker(s) (--num-workers): "
+                "give each rank more cores (--cpus-per-task; the workers follow), read image files from shards "
+                "(python -m hvdtrain.shards; docs/data.md)")
+
     def _phase_clock(self):
         if self.backend.owns_loop:
             return None  # Lightning runs the step: its phases are not ours to mark
@@ -172,15 +192,11 @@ class Trainer(EpochTrainer):
         loader = b.train_loader(self.train_ds, cfg, self.position.epoch, self.position.step_in_epoch)
         self.model.train()
         steps = self.start_epoch()
-        for i, (x, y) in enumerate(loader):
+        for i, (x, y) in enumerate(self._feed(loader)):
             if i == steps:
                 break
             self.before_step()
             torch.manual_seed(step_seed(cfg.seed, self.position.global_step, self.rank))
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
             meter.phase("data")
             # Loss sum, correct, count of this step, kept on the device: the meter reads them at
             # log intervals only, so that no step waits for the GPU to copy a number back.
@@ -252,11 +268,8 @@ class Trainer(EpochTrainer):
         # sharded loader, every rank gathering every sample's figures (gather_for_metrics).
         if self.val_batches is None:  # the same batches at every pass: built once
             self.val_batches = b.val_loader(self.val_ds, self.cfg)
-        for x, y in self.val_batches:
+        for x, y in self._feed(self.val_batches):
             self.watchdog.beat(where="validating")
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
             with device_settings.autocast(self.cfg.amp, self.device):
                 out = self.model(x)
             correct = out.argmax(1) == y if self.reports_accuracy else torch.zeros_like(y, dtype=torch.bool)

@@ -1,0 +1,172 @@
+"""Image input pipelines measured side by side in one run: img/s per core for each way of turning
+a JPEG into a training sample, then the training throughput on JPEG shards and folders against
+synthetic images in memory, and the feeder's effect on the `data` phase.
+
+    python benchmarks/data_pipeline.py                      # about 3 minutes on 2 cores
+    python benchmarks/data_pipeline.py --images 2000 --repeats 5 --train-model resnet50 --image-size 224
+
+It writes ImageNet-sized JPEGs (500x375, quality 90, a smooth picture plus grain: about the bytes
+of an ImageNet photo) as an image folder and as shards, under --out. Per-core figures run one
+thread in this process, the pipelines alternated in each repeat (a noisy spell hits all alike);
+the median of the repeats is printed. The training runs are `python -m hvdtrain.torch` processes,
+one rank, --threads-per-rank compute threads and --num-workers decode workers.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def write_jpegs(root: str, count: int, classes: int = 10) -> float:
+    """An imagefolder tree of ImageNet-sized JPEGs; their mean size in KB."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    sizes = []
+    for split, n in (("train", count), ("val", max(classes, count // 10))):
+        for i in range(n):
+            folder = os.path.join(root, split, f"class{i % classes:02d}")
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"{i:06d}.jpg")
+            if not os.path.exists(path):
+                coarse = Image.fromarray(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8)).resize((500, 375),
+                                                                                                  Image.BICUBIC)
+                grain = rng.normal(0, 12, (375, 500, 3))
+                pixels = np.clip(np.asarray(coarse, dtype=np.float64) + grain, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(path, quality=90)
+            sizes.append(os.path.getsize(path))
+    return sum(sizes) / len(sizes) / 1024
+
+
+def pipelines(folder: str, shards_dir: str, size: int) -> dict:
+    """name -> (a function of a sample index, the number of samples)."""
+    import torch
+    from PIL import Image
+    from torchvision import transforms as T
+    from torchvision.transforms import v2
+
+    from hvdtrain.torch import images
+
+    files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(folder, "train")) for f in fs)
+    blobs = [open(f, "rb").read() for f in files]  # decode speed, not the disk's: the bytes are read once
+    norm = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    before = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    pil_uint8 = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    augment = images.train_augment(size)
+
+    def pil(i, transform):
+        return transform(Image.open(io.BytesIO(blobs[i])).convert("RGB"))
+
+    table = {
+        "PIL + ToTensor + Normalize, float32 (hvdtrain before)": (lambda i: pil(i, before), len(blobs)),
+        "PIL, uint8": (lambda i: pil(i, pil_uint8), len(blobs)),
+    }
+    import warnings
+
+    from torchvision.io import decode_jpeg
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    table["torchvision decode_jpeg + v2, uint8"] = (
+        lambda i: augment(decode_jpeg(torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8))), len(blobs))
+    try:
+        from torchcodec.decoders import decode_jpeg as codec_jpeg
+
+        table["torchcodec decode_jpeg + v2, uint8"] = (lambda i: augment(codec_jpeg(blobs[i])), len(blobs))
+    except ImportError:
+        pass
+    train_folder = images.image_folder(os.path.join(folder, "train"), augment)
+    table[f"hvdtrain default from a folder ({images.DECODER})"] = (lambda i: train_folder[i][0], len(train_folder))
+    train_shards = images.ShardImages(shards_dir, "train", augment)
+    table["hvdtrain default from shards"] = (lambda i: train_shards[i][0], len(train_shards))
+    return table
+
+
+def per_core(table: dict, repeats: int, seconds: float) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    rates = {name: [] for name in table}
+    for _ in range(repeats):
+        for name, (sample, n) in table.items():
+            done, i, start = 0, 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                sample(i % n)
+                i += 1
+                done += 1
+            rates[name].append(done / (time.perf_counter() - start))
+    return {name: statistics.median(r) for name, r in rates.items()}
+
+
+def train(args, dataset: str, data_dir: str | None, feeder: str, out: str) -> dict:
+    result = os.path.join(out, f"train-{dataset}-{feeder}.json")
+    cmd = [sys.executable, "-m", "hvdtrain.torch", "--model", args.train_model, "--dataset", dataset,
+           "--image-size", str(args.image_size), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+           "--untimed-steps", "3", "--threads-per-rank", str(args.threads), "--num-workers", str(args.workers),
+           "--feeder", feeder, "--validation", "off", "--log-interval", "5", "--result-json", result,
+           "--synthetic-size", str(args.batch_size * (args.steps + 4))]
+    if data_dir:
+        cmd += ["--data-dir", data_dir]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    with open(result) as f:
+        r = json.load(f)
+    return {"rate": r["images_per_sec"], "phases": r["ranks"][0].get("phases_ms") or {}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="/tmp/hvdtrain-data-pipeline")
+    p.add_argument("--images", type=int, default=600, help="training JPEGs written (and a tenth for val)")
+    p.add_argument("--size", type=int, default=224, help="the crop of the per-core figures")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=2.0, help="per pipeline and repeat")
+    p.add_argument("--train-model", default="resnet18")
+    p.add_argument("--image-size", type=int, default=64, help="the training runs' crop")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1, help="compute threads of the training runs")
+    p.add_argument("--workers", type=int, default=1, help="decode workers of the training runs")
+    args = p.parse_args()
+
+    from hvdtrain import shards
+
+    folder, shards_dir = os.path.join(args.out, "folder"), os.path.join(args.out, "shards")
+    kb = write_jpegs(folder, args.images)
+    if not os.path.exists(os.path.join(shards_dir, shards.MANIFEST)):
+        shards.write(shards_dir, *shards.imagefolder_sources(folder), shard_mb=16, progress=False)
+    print(f"{args.images} training JPEGs of 500x375, {kb:.0f} KB on average, in {folder} and {shards_dir}")
+
+    print(f"\nimg/s per core (RandomResizedCrop {args.size} + flip; median of {args.repeats}):")
+    rates = per_core(pipelines(folder, shards_dir, args.size), args.repeats, args.seconds)
+    base = next(iter(rates.values()))
+    for name, rate in rates.items():
+        print(f"  {rate:7.1f}  {rate / base:4.2f}x  {name}")
+    folder_rate = rates[next(n for n in rates if n.startswith("hvdtrain default from a folder"))]
+    print(f"  shards / folder: {rates['hvdtrain default from shards'] / folder_rate:.2f}")
+
+    print(f"\ntraining {args.train_model} at {args.image_size}px, batch {args.batch_size}, {args.threads} compute "
+          f"thread(s), {args.workers} decode worker(s), {args.steps} steps (img/s; data ms per step):")
+    runs = {}
+    for name, dataset, data_dir, feeder in (("synthetic, in memory", "synthetic", None, "on"),
+                                            ("synthetic, in memory, feeder off", "synthetic", None, "off"),
+                                            ("JPEG shards", "shards", shards_dir, "on"),
+                                            ("JPEG folder", "imagefolder", folder, "on"),
+                                            ("JPEG shards, feeder off", "shards", shards_dir, "off")):
+        runs[name] = run = train(args, dataset, data_dir, feeder, args.out)
+        print(f"  {run['rate']:7.1f}  data {run['phases'].get('data', float('nan')):6.1f} ms of "
+              f"{sum(run['phases'].values()):6.1f}  {name}", flush=True)
+    synthetic = runs["synthetic, in memory"]["rate"]
+    print(f"  JPEG shards / synthetic: {runs['JPEG shards']['rate'] / synthetic:.2f}; "
+          f"JPEG folder / synthetic: {runs['JPEG folder']['rate'] / synthetic:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The device feeder: the next batches are read, copied to the device and made model inputs while
+the current step runs, on a thread of their own.
+
+    for x, y in DeviceFeeder(loader, device, prepare):   # x, y on the device, prepare(x) applied
+        ...
+
+Why a thread and not only a side stream (timm's PrefetchLoader): whatever the main thread does
+between two steps is in series with the GPU once the step's end waits for the GPU, and with
+Horovod it does: `synchronize()` spins until every allreduce has finished on the device, so a
+batch prepared after it (a gather, a pinned copy, a collate of the workers' output) leaves the GPU
+idle that long. Here those run on the feeder thread, during the step; torch's copies and gathers
+release the GIL. On a CUDA device the copy and `prepare` (the uint8 -> float normalisation,
+channels-last) run on a side stream, and the main thread's stream waits for them by an event.
+
+What runs on the thread is only what cannot draw random numbers from torch's global generator,
+which the main thread seeds at each step for dropout: batches already made by DataLoader workers,
+or in-memory batches gathered whole (hvdtrain/torch/data.py). A loader whose main process calls a
+dataset's `__getitem__` (num_workers=0 over a per-sample dataset) is fed on the main thread.
+
+`close()` (or the end of the `for`, or an exception) stops the thread before the loader ends; an
+error raised while reading (a bad sample) is raised in the main thread at the batch it concerns.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+
+_END = object()
+
+
+class DeviceFeeder:
+    def __init__(self, loader, device: torch.device, prepare=None, depth: int = 2, threaded: bool = True):
+        self.loader, self.device, self.prepare, self.depth = loader, torch.device(device), prepare, depth
+        self.threaded = threaded
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._thread = None
+
+    def __len__(self):
+        return len(self.loader)
+
+    def _to_device(self, batch):
+        x, y = batch[0], batch[1]
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True) if torch.is_tensor(y) else y
+        if self.prepare is not None:
+            x = self.prepare(x)
+        return x, y
+
+    def _fed(self, batch):
+        """(x, y, event): on CUDA, copied and prepared on the side stream, the event after it."""
+        if self.stream is None:
+            return (*self._to_device(batch), None)
+        with torch.cuda.stream(self.stream):
+            x, y = self._to_device(batch)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return x, y, event
+
+    def _ready(self, item):
+        x, y, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            # Memory allocated on the side stream, used on this one: not reused before this
+            # stream is done with it.
+            for t in (x, y):
+                if torch.is_tensor(t) and t.device.type == "cuda":
+                    t.record_stream(current)
+        return x, y
+
+    def __iter__(self):
+        # The loader's iterator is made here, on the caller's thread: making it draws the
+        # workers' base seed from torch's global generator, in the same place as without a feeder.
+        batches = iter(self.loader)
+        if not self.threaded:
+            for batch in batches:
+                yield self._ready(self._fed(batch))
+            return
+        out: queue.Queue = queue.Queue(self.depth)
+        stop = threading.Event()
+
+        def put(item) -> bool:  # False once the caller stopped reading: the thread ends
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def feed():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            try:
+                for batch in batches:
+                    if not put(self._fed(batch)):
+                        return
+                put(_END)
+            except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
+                put(err)
+
+        self._thread = threading.Thread(target=feed, name="hvdtrain-feeder", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                item = out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._ready(item)
+        finally:
+            stop.set()
+            self._thread.join()
+            self._thread = None
+            del batches  # the loader's workers end here, not at the next collection

@@ -1,0 +1,125 @@
+"""Image files to uint8 batches on the host; floats only on the device.
+
+The stages, each swappable and measured alone (benchmarks/data_pipeline.py):
+- decode: `decode()`, the one place that chooses the decoder (`_decoder`): TorchCodec's or
+  torchvision's `decode_image` (libjpeg-turbo for JPEGs, libpng, libwebp) straight to a uint8 CHW
+  tensor, with no PIL image object in between; measured per core against PIL in docs/data.md.
+- augment: `train_augment` / `val_augment`, torchvision's v2 transforms on uint8 tensors
+  (RandomResizedCrop + flip; resize + centre crop), drawn from torch's RNG, which
+  `data.SeededSamples` seeds per (seed, epoch, sample): a resume augments as an uninterrupted run.
+- normalise: `to_model_input`, on the device, after the copy: a uint8 batch is a quarter of the
+  bytes of a float32 one through the workers' shared memory, the pinned buffer and the bus.
+
+Datasets here give (uint8 CHW tensor, label) and say how their inputs are normalised by their
+`input_normalization` attribute ((mean, std) in [0, 1] units), which the trainer reads.
+
+    train = ImageFolderUint8(f"{root}/train", train_augment(224))
+    x = to_model_input(x_uint8.to(device, non_blocking=True), train.input_normalization)
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from hvdtrain import datasets, shards
+
+
+
+def _decoder():
+    """(name, function bytes -> uint8 RGB CHW tensor): TorchCodec's decoders where installed (torchvision
+    deprecates its own in their favour from 0.29), else torchvision's, which a site's torchvision module
+    has. Both are libjpeg-turbo for JPEGs; benchmarks/data_pipeline.py measures them side by side."""
+    try:
+        from torchcodec.decoders import decode_image as codec_decode
+
+        return "torchcodec.decoders.decode_image", lambda data: codec_decode(data, mode="RGB")
+    except ImportError:
+        import warnings
+
+        from torchvision.io import ImageReadMode, decode_image
+
+        def decode_with_torchvision(data):
+            with warnings.catch_warnings():  # its deprecation, once per image otherwise
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+        return "torchvision.io.decode_image", decode_with_torchvision
+
+
+DECODER, _decode = _decoder()
+# Validation resizes the shorter side to size x 256/224 (the ImageNet convention), then crops.
+VAL_RESIZE = 256 / 224
+
+
+def decode(data: bytes, where: str) -> torch.Tensor:
+    """An image file's bytes as a uint8 RGB (3, H, W) tensor; a bad file is one line naming `where`."""
+    try:
+        return _decode(data)
+    except (RuntimeError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0].rsplit(", ", 1)[-1] if str(err).strip() else type(err).__name__
+        raise datasets.BadSample(f"cannot read image {where} ({reason})") from None
+
+
+def load_file(path: str) -> torch.Tensor:
+    """torchvision ImageFolder's `loader`, to uint8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
+    return decode(data, path)
+
+
+def train_augment(size: int):
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+
+
+def val_augment(size: int):
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(int(size * VAL_RESIZE), antialias=True), v2.CenterCrop(size)])
+
+
+def to_model_input(x: torch.Tensor, normalization, channels_last: bool = False) -> torch.Tensor:
+    """A uint8 image batch as the model's float input: scaled to [0, 1], normalised with
+    (mean, std), channels-last if asked. Other inputs (floats, a user's own) pass unchanged but
+    for the memory format."""
+    if normalization is not None and x.dtype == torch.uint8:
+        mean, std = (torch.tensor(v, dtype=torch.float32, device=x.device).view(1, -1, 1, 1) * 255
+                     for v in normalization)
+        x = (x.float() - mean) / std
+    if channels_last and x.ndim == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+IMAGENET_NORMALIZATION = (datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
+
+
+def image_folder(root: str, transform):
+    """torchvision's ImageFolder over `root`, decoding to uint8 (see module docstring)."""
+    from torchvision import datasets as tv_datasets
+
+    folder = tv_datasets.ImageFolder(root, transform=transform, loader=load_file)
+    folder.input_normalization = IMAGENET_NORMALIZATION
+    return folder
+
+
+class ShardImages(Dataset):
+    """A split of tar shards written by `python -m hvdtrain.shards` (hvdtrain/shards.py):
+    (uint8 image, label), in the index's order."""
+
+    input_normalization = IMAGENET_NORMALIZATION
+
+    def __init__(self, root: str, split: str, transform):
+        self.reader = shards.ShardReader(root, split)
+        self.classes, self.transform = self.reader.classes, transform
+
+    def __len__(self):
+        return len(self.reader)
+
+    def __getitem__(self, i):
+        data, label = self.reader.read(i)
+        return self.transform(decode(data, self.reader.where(i))), label

@@ -1,0 +1,90 @@
+"""The device feeder (hvdtrain/torch/feeder.py) on the CPU: the next batch is fetched while the
+current one is used, errors reach the caller at their batch, a loop that breaks early ends the
+thread, and loaders that would run dataset code on the main process are fed there."""
+import threading
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.datasets import BadSample
+from hvdtrain.torch import data
+from hvdtrain.torch.feeder import DeviceFeeder
+
+
+class Batches:
+    """Batches made on demand, each fetch recorded: which thread, and whether the caller still
+    held the previous batch."""
+
+    def __init__(self, n, fail_at=None):
+        self.n, self.fail_at = n, fail_at
+        self.fetching = [threading.Event() for _ in range(n)]
+        self.threads = []
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.fetching[i].set()
+            self.threads.append(threading.current_thread().name)
+            if i == self.fail_at:
+                raise BadSample(f"cannot read image sample-{i}.jpg (broken)")
+            yield torch.full((2, 3), i, dtype=torch.uint8), torch.tensor([i, i])
+
+
+def test_the_next_batch_is_fetched_while_the_caller_holds_this_one():
+    batches = Batches(4)
+    seen = []
+    for i, (x, y) in enumerate(DeviceFeeder(batches, "cpu", prepare=lambda x: x.float() / 255)):
+        # Fed in series, batch i+1 would only be fetched after this body: the wait would time out.
+        if i + 1 < batches.n:
+            assert batches.fetching[i + 1].wait(timeout=30), f"batch {i + 1} not fetched while batch {i} was in use"
+        seen.append((x, y))
+    assert [int(y[0]) for _, y in seen] == [0, 1, 2, 3]
+    assert all(x.dtype == torch.float32 and torch.allclose(x, torch.full((2, 3), i / 255)) for i, (x, _) in
+               enumerate(seen))
+    assert set(batches.threads) == {"hvdtrain-feeder"}
+
+
+def test_an_error_reaches_the_caller_at_its_batch():
+    got = []
+    with pytest.raises(BadSample, match="sample-2.jpg"):
+        for x, y in DeviceFeeder(Batches(5, fail_at=2), "cpu"):
+            got.append(int(y[0]))
+    assert got == [0, 1]
+
+
+def test_breaking_out_ends_the_thread():
+    batches = Batches(50)
+    for i, _ in enumerate(DeviceFeeder(batches, "cpu")):
+        if i == 3:
+            break
+    assert not any(t.name == "hvdtrain-feeder" for t in threading.enumerate())
+    assert len(batches.threads) <= 3 + 1 + 2 + 1  # what was used, what the queue held, one in hand
+
+
+class RandomDataset(Dataset):
+    """A per-sample dataset drawing from torch's global generator (a user's random transform)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.rand(2), 0
+
+
+def test_only_loaders_that_draw_no_random_numbers_on_the_main_process_are_threaded():
+    cfg = TrainConfig(batch_size=2, num_workers=2)
+    in_memory = data.train_loader(TensorDataset(torch.zeros(8, 2), torch.zeros(8)), cfg, 0, 1, 0, 0)
+    per_sample = data.train_loader(RandomDataset(), TrainConfig(batch_size=2, num_workers=0), 0, 1, 0, 0)
+    with_workers = DataLoader(RandomDataset(), batch_size=2, num_workers=2)
+    assert data.feeds_on_thread(in_memory) and data.feeds_on_thread(with_workers)
+    assert not data.feeds_on_thread(per_sample)
+    # Fed on the main thread, the dataset's draws follow the caller's seed as without a feeder.
+    torch.manual_seed(0)
+    plain = [x for x, _ in per_sample]
+    torch.manual_seed(0)
+    fed = [x for x, _ in DeviceFeeder(per_sample, "cpu", threaded=data.feeds_on_thread(per_sample))]
+    assert all(torch.equal(a, b) for a, b in zip(plain, fed))

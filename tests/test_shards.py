@@ -1,0 +1,152 @@
+"""Tar shards (hvdtrain/shards.py) and the uint8 image pipeline (hvdtrain/torch/images.py), in one
+process: what is written reads back exactly, in WebDataset's layout; damage is one line naming the
+shard and the member; an unfinished conversion is refused. The distributed tier trains from them
+(tests/test_shards_training.py)."""
+import json
+import os
+import pickle
+import subprocess
+import tarfile
+
+import pytest
+import torch
+
+from conftest import PYTHON
+from hvdtrain import shards
+from hvdtrain.datasets import BadSample, write_digits_imagefolder
+from hvdtrain.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_digits_imagefolder(str(tmp_path_factory.mktemp("digits") / "data"), per_class_train=6,
+                                    per_class_val=2, size=16, fmt="jpg")
+
+
+def source_files(root, split):
+    return {open(os.path.join(root, split, c, f), "rb").read(): int(c)
+            for c in os.listdir(os.path.join(root, split)) for f in os.listdir(os.path.join(root, split, c))}
+
+
+def write_cli(*args):
+    return subprocess.run([PYTHON, "-m", "hvdtrain.shards", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_an_imagefolder_round_trip_reads_back_every_file_and_label(folder, tmp_path):
+    out = str(tmp_path / "shards")
+    done = write_cli("write", "--imagefolder", folder, "--out", out, "--shard-mb", "0.01")
+    assert done.returncode == 0, done.stderr
+    assert "train 60 samples in" in done.stdout and "val 20 samples" in done.stdout
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["classes"] == [str(c) for c in range(10)]
+    for split, count in (("train", 60), ("val", 20)):
+        meta = manifest["splits"][split]
+        assert meta["samples"] == count == sum(s["samples"] for s in meta["shards"])
+        assert len(meta["shards"]) > 1  # 0.01 MB shards: several
+        reader = shards.ShardReader(out, split)
+        read = [reader.read(i) for i in range(len(reader))]
+        # Every file's bytes under its label, once: nothing lost, altered or duplicated.
+        assert sorted(read) == sorted(source_files(folder, split).items())
+        # WebDataset's layout: KEY.jpg then KEY.cls in each tar, the label in decimal.
+        with tarfile.open(os.path.join(out, meta["shards"][0]["name"])) as tar:
+            names = tar.getnames()
+            assert names[0].endswith(".jpg") and names[1] == names[0][:-4] + ".cls"
+            label = int(tar.extractfile(names[1]).read())
+            assert tar.extractfile(names[0]).read() == read[0][0] and label == read[0][1]
+    # Shards mix classes: written in a shuffled order.
+    assert len({label for _, label in read[:10]}) > 1
+    assert write_cli("verify", out).returncode == 0
+
+
+def test_a_pickled_index_is_written_as_shards(folder, tmp_path):
+    """The JSC course's index: {relative path: label} (or (path, label) pairs) under a data root."""
+    pairs = {split: [(os.path.join(split, c, f), int(c)) for c in sorted(os.listdir(os.path.join(folder, split)))
+                     for f in sorted(os.listdir(os.path.join(folder, split, c)))] for split in ("train", "val")}
+    pickle.dump(dict(pairs["train"]), open(tmp_path / "train.pkl", "wb"))
+    pickle.dump(pairs["val"], open(tmp_path / "val.pkl", "wb"))
+    out = str(tmp_path / "shards")
+    done = write_cli("write", "--index", f"train={tmp_path / 'train.pkl'}", "--index", f"val={tmp_path / 'val.pkl'}",
+                     "--root", folder, "--out", out)
+    assert done.returncode == 0, done.stderr
+    reader = shards.ShardReader(out, "val")
+    assert sorted(reader.read(i) for i in range(len(reader))) == sorted(source_files(folder, "val").items())
+    assert reader.classes == [str(c) for c in range(10)]
+
+
+def test_shard_images_are_uint8_and_augmented_as_a_function_of_the_seed(folder, tmp_path):
+    from hvdtrain.torch import images
+
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), progress=False)
+    train = images.ShardImages(out, "train", images.train_augment(12))
+    torch.manual_seed(3)
+    x, y = train[5]
+    torch.manual_seed(3)
+    again, _ = train[5]
+    assert x.dtype == torch.uint8 and x.shape == (3, 12, 12) and 0 <= y < 10
+    assert torch.equal(x, again)
+    # The device's normalisation: the float result is (x / 255 - mean) / std.
+    model_input = images.to_model_input(x[None], train.input_normalization, channels_last=True)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in train.input_normalization)
+    assert torch.allclose(model_input, (x[None].float() / 255 - mean) / std, atol=1e-5)
+    assert model_input.is_contiguous(memory_format=torch.channels_last)
+
+
+def _flip_a_byte_of_member(out, reader, i):
+    shard = reader.shards[reader.index["shard"][i]]
+    with open(shard, "r+b") as f:
+        f.seek(int(reader.index["offset"][i]) + int(reader.index["size"][i]) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return shard
+
+
+def test_a_damaged_member_is_one_line_naming_shard_and_member(folder, tmp_path):
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    reader = shards.ShardReader(out, "train")
+    shard = _flip_a_byte_of_member(out, reader, 7)
+    with pytest.raises(BadSample) as err:
+        shards.ShardReader(out, "train").read(7)  # a JPEG decoder might not notice one byte: the CRC does
+    assert str(err.value).startswith(f"shard {shard}, member 00000007.jpg is damaged") and "\n" not in str(err.value)
+    shards.ShardReader(out, "train").read(8)  # the others still read
+    verify = write_cli("verify", out)
+    assert verify.returncode == 1 and f"shard {shard} is damaged" in verify.stderr
+
+
+def test_a_truncated_or_missing_shard_is_refused_at_the_start(folder, tmp_path):
+    out = str(tmp_path / "shards")
+    manifest = shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    last = os.path.join(out, manifest["splits"]["train"]["shards"][-1]["name"])
+    with open(last, "r+b") as f:
+        f.truncate(os.path.getsize(last) - 700)
+    with pytest.raises(UsageError, match=f"shard {last} is damaged: .* bytes"):
+        shards.ShardReader(out, "train")
+    os.unlink(last)
+    with pytest.raises(UsageError, match=f"shard {last} is missing"):
+        shards.ShardReader(out, "train")
+
+
+def test_an_unfinished_conversion_is_refused_and_an_existing_one_kept(folder, tmp_path):
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), progress=False)
+    done = write_cli("write", "--imagefolder", folder, "--out", out)
+    assert done.returncode == 2 and "already holds shards" in done.stderr and done.stderr.count("\n") == 1
+    # Killed before the manifest: its temporary files are there, the manifest is not.
+    os.rename(os.path.join(out, "manifest.json"), os.path.join(out, "manifest.json.partial"))
+    with pytest.raises(UsageError, match="its conversion did not finish"):
+        shards.read_manifest(out)
+    bad_index = tmp_path / "bad.pkl"
+    bad_index.write_bytes(b"not a pickle")
+    done = write_cli("write", "--index", f"train={bad_index}", "--root", folder, "--out", str(tmp_path / "x"))
+    assert done.returncode == 2 and "is not a pickled" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_a_corrupt_image_file_is_named(tmp_path):
+    from hvdtrain.torch import images
+
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8 not really a jpeg")
+    with pytest.raises(BadSample, match=f"cannot read image {bad} \\("):
+        images.load_file(str(bad))

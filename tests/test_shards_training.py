@@ -1,0 +1,71 @@
+"""Training from tar shards under mpirun -np 2 (the distributed tier): each rank its own samples,
+validation exact, a resume in the middle of an epoch ending with the uninterrupted run's weights
+(same samples, same crops: augmentation is a function of (seed, epoch, sample)), and a damaged
+member ending every rank with one line naming the shard and the member."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from conftest import PYTHON, assert_job_failed_with, launch
+from hvdtrain import shards
+from hvdtrain.datasets import write_digits_imagefolder
+
+pytestmark = pytest.mark.slow
+
+VAL = 49  # odd: one rank validates one sample more, each sample counted once
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shards")
+    folder = write_digits_imagefolder(str(d / "folder"), per_class_train=20, per_class_val=5, size=24, fmt="jpg")
+    os.unlink(os.path.join(folder, "val", "9", "0004.jpg"))
+    shards.write(str(d / "shards"), *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
+    return str(d / "shards")
+
+
+def train(tmp_path, data_dir, name, *extra, check=True):
+    result = tmp_path / f"{name}.json"
+    run = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "shards",
+                               "--data-dir", data_dir, "--image-size", "16", "--batch-size", "8", "--epochs", "2",
+                               "--base-lr", "0.01", "--threads-per-rank", "1", "--num-workers", "1",
+                               "--log-interval", "4", "--result-json", str(result), *extra], timeout=180, check=check)
+    return json.loads(result.read_text()) if check else run
+
+
+def weights(ckpt_dir):
+    from hvdtrain.checkpoint import latest_checkpoint
+
+    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
+
+
+def test_a_resume_from_shards_mid_epoch_ends_with_the_uninterrupted_weights(shard_dir, tmp_path):
+    whole = train(tmp_path, shard_dir, "whole", "--checkpoint-dir", str(tmp_path / "whole"))
+    assert whole["config"]["dataset"] == "shards" and whole["config"]["num_workers"] == 1
+    assert whole["history"][-1]["val_count"] == VAL
+    assert len({r["param_checksum"] for r in whole["ranks"]}) == 1, whole["ranks"]
+    # 200 images, 2 ranks, batch 8: 12 steps an epoch; stopped at step 5 of epoch 2.
+    part = train(tmp_path, shard_dir, "part", "--checkpoint-dir", str(tmp_path / "part"), "--steps", "17")
+    assert part["global_step"] == 17
+    rest = train(tmp_path, shard_dir, "rest", "--checkpoint-dir", str(tmp_path / "part"))
+    assert rest["global_step"] == 24 and rest["history"][-1]["val_count"] == VAL
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
+    assert a.keys() == b.keys()
+    for key in a:
+        diff = (a[key].double() - b[key].double()).abs().max().item()
+        assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
+
+
+def test_a_damaged_member_ends_every_rank_with_one_line(shard_dir, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(shard_dir, damaged)
+    reader = shards.ShardReader(str(damaged), "train")
+    shard, offset = reader.shards[reader.index["shard"][3]], int(reader.index["offset"][3])
+    with open(shard, "r+b") as f:
+        f.seek(offset + 100)
+        f.write(b"\x00\x01\x02")
+    run = train(tmp_path, str(damaged), "damaged", check=False)
+    assert_job_failed_with(run, f"shard {shard}, member 00000003.jpg is damaged", 2)
