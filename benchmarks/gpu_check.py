@@ -19,6 +19,7 @@ import time
 import warnings
 
 GOAL = 0.97  # hvdtrain / plain loop, one GPU, AMP on
+JPEG_GOAL = 0.95  # hvdtrain on JPEG shards / the same run on synthetic images in memory
 
 
 # ---------------------------------------------------------------- settings in force (in a training process)
@@ -153,10 +154,14 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     plain_runs = [r for r in (_load(os.path.join(logs, f"{n}.json")) for n in ("plain", "plain-2")) if r]
     plain_rates = [r["images_per_sec"] for r in plain_runs if r.get("images_per_sec")]
     plain = sum(plain_rates) / len(plain_rates) if plain_rates else None
-    runs = {"horovod": _load(os.path.join(logs, "horovod.json")), "ddp": _load(os.path.join(logs, "ddp.json")),
-            "resume": _load(os.path.join(logs, "resume.json"))}
-    rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n]) for n in ("horovod", "ddp")}}
+    runs = {n: _load(os.path.join(logs, f"{n}.json")) for n in ("horovod", "ddp", "resume", "feeder-off", "jpeg")}
+    rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n]) for n in ("horovod", "ddp", "feeder-off", "jpeg")}}
     ratios = {n: (rates[n] / plain if rates[n] and plain else None) for n in ("horovod", "ddp")}
+    # Real JPEGs (shards, decoded by workers) against the same run on synthetic images in memory;
+    # the feeder's effect: the Horovod run with it against without it.
+    jpeg_ratio = rates["jpeg"] / rates["horovod"] if rates["jpeg"] and rates["horovod"] else None
+    data_ms = {n: ((runs[n] or {}).get("ranks") or [{}])[0].get("phases_ms", {}) or {}
+               for n in ("horovod", "feeder-off", "jpeg")}
 
     # Resume: the resumed run started where the Horovod run ended and ran one more epoch.
     h, r = runs["horovod"], runs["resume"]
@@ -183,6 +188,7 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     failed = [s["stage"] for s in stages if s["status"] != "ok"]
     figures = {"when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "check": meta, "environment": env,
                "images_per_sec": rates, "plain_runs_images_per_sec": plain_rates, "ratios": ratios,
+               "jpeg_over_synthetic": jpeg_ratio, "jpeg_goal": None if cpu else JPEG_GOAL, "phases_ms": data_ms,
                "goal": None if cpu else GOAL,
                "goal_met": None if cpu or None in ratios.values() else all(v >= GOAL for v in ratios.values()),
                "resume": resume, "settings": settings, "settings_differ": differ, "stages": stages,
@@ -209,6 +215,17 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     for name, label in (("horovod", "hvdtrain, Horovod"), ("ddp", "hvdtrain, DDP")):
         lines.append(f"| {label} | {num(rates[name]) if rates[name] else 'FAILED'} | {num(ratios[name], '{:.3f}')} |")
     lines.append("")
+
+    def step(name):
+        phases = data_ms[name]
+        return (f"data {phases['data']:.1f} of {sum(phases.values()):.1f} ms a step" if phases.get("data") is not None
+                else "no step times")
+    lines += ["| other run | img/s | |", "|---|---|---|",
+              f"| Horovod, `--feeder off` (batches prepared in series) | {num(rates['feeder-off'])} | "
+              f"{step('feeder-off')} (feeder on: {step('horovod')}) |",
+              f"| Horovod, JPEG shards ({meta.get('jpegs')} JPEGs, {meta.get('jpeg_workers')} decode workers) | "
+              f"{num(rates['jpeg'])} | / synthetic {num(jpeg_ratio, '{:.3f}')} (goal >= {JPEG_GOAL}); {step('jpeg')} |",
+              ""]
     if len(plain_rates) > 1:
         lines += [f"The plain loop ran before and after the hvdtrain runs: {', '.join(f'{v:.1f}' for v in plain_rates)}"
                   " img/s; the table has their mean.", ""]

@@ -86,6 +86,10 @@ class TrainConfig:
                                              "rank's cores less one, --cpus-per-task under Slurm; in-memory data "
                                              "needs none)", per_rank=True, resume=FREE, frameworks=("torch",),
                                   at_least=0)
+    loader: str = opt("torch", help="what decodes image files: torch (DataLoader workers, uint8 on the host) or dali "
+                                    "(NVIDIA DALI: on the GPU, or its CPU mode on CPUs; pip install "
+                                    "nvidia-dali-cuda130)", per_rank=False, resume=FREE, frameworks=("torch",),
+                      backends=("horovod", "ddp"), choices=("torch", "dali"))
     feeder: str = opt("on", help="read and copy the next batches to the device on a thread while the step runs "
                                  "(off: in series with the step, to measure what it saves)", per_rank=False,
                       resume=FREE, frameworks=("torch",), choices=("on", "off"))
@@ -205,7 +209,7 @@ OPTION_GROUPS = {
     "checkpoints and resume": ("checkpoint_dir", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
     "reliability": ("watchdog_seconds", "divergence_factor"),
     "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),
-    "performance tuning": ("amp", "channels_last", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",
+    "performance tuning": ("amp", "channels_last", "loader", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",
                            "horovod_tuning", "cycle_time_ms", "mpi_yield"),
     "backend": ("backend",),
 }

@@ -19,7 +19,12 @@
 #             benchmarks/plain_torch_loop.py, with the data path, cudnn/TF32, threads, AMP and
 #             channels-last settings of that run), ddp (--backend ddp), resume (one more epoch
 #             from the Horovod run's checkpoint), plain-2 (the plain loop again, if time is left:
-#             the reference is the mean of both), doctor (python -m hvdtrain.doctor).
+#             the reference is the mean of both), doctor (python -m hvdtrain.doctor);
+#   feeder-off the Horovod run again with --feeder off (the next batch prepared in series with the
+#             step, as before the device feeder): the feeder's effect;
+#   jpeg-data ImageNet-sized JPEGs (500x375) written on the work dir's disk, then as tar shards
+#             (python -m hvdtrain.shards); jpeg: the Horovod run on them, decoded by
+#             GPU_CHECK_JPEG_WORKERS workers (the cores less one): JPEG shards against synthetic.
 # OUT then holds three files, well within what the GPU machine's runner hands back (8 files of 16 MiB):
 #   gpu-check.md (img/s of each run, ratios to the plain loop, settings, stages), gpu-check.json
 #   (the same figures) and gpu-check-logs.tar.gz (every log). Checkpoints, the venv and the
@@ -57,6 +62,8 @@ WARMUP=${GPU_CHECK_WARMUP:-$d_warmup}
 AMP=${GPU_CHECK_AMP:-$d_amp}
 CHANNELS_LAST=${GPU_CHECK_CHANNELS_LAST:-auto}
 WORKERS=${GPU_CHECK_WORKERS:-2}
+JPEGS=${GPU_CHECK_JPEGS:-$([ "$DEVICE" = cuda ] && echo 2560 || echo 24)}   # distinct JPEGs, cycled by epochs
+JPEG_WORKERS=${GPU_CHECK_JPEG_WORKERS:-$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))}
 BUDGET=${GPU_CHECK_BUDGET:-$d_budget}
 BUILD=${GPU_CHECK_BUILD:-auto}
 BUILD_LIMIT=${GPU_CHECK_BUILD_LIMIT:-330}
@@ -226,9 +233,29 @@ hvdtrain_run() {  # NAME ARGS...: python -m hvdtrain.torch, its settings recorde
         --log-interval 50 --result-json "$LOGS/$name.json" "$@"
 }
 
+jpeg_data() {  # JPEGs of ImageNet's size on the work dir's (local) disk, then as shards
+    rm -rf "$WORK/jpeg"
+    "$PY" - "$WORK/jpeg" "$JPEGS" <<'PYEOF'
+import sys, time
+sys.path.insert(0, "benchmarks")
+from data_pipeline import write_jpegs
+from hvdtrain import shards
+root, count = sys.argv[1], int(sys.argv[2])
+start = time.perf_counter()
+kb = write_jpegs(f"{root}/folder", count, classes=100)
+shards.write(f"{root}/shards", *shards.imagefolder_sources(f"{root}/folder"), progress=False)
+print(f"{count} JPEGs, {kb:.0f} KB on average, and their shards in {time.perf_counter() - start:.0f} s")
+PYEOF
+}
+jpeg_run() {  # the Horovod run's settings and steps on the JPEG shards (epochs of JPEGS images)
+    local per_epoch=$(( JPEGS / BATCH ))
+    hvdtrain_run jpeg --epochs $(( (EPOCHS * STEPS + per_epoch - 1) / per_epoch )) --steps $(( EPOCHS * STEPS )) \
+        --dataset shards --data-dir "$WORK/jpeg/shards" --num-workers "$JPEG_WORKERS" --validation off
+}
+
 # ---------------------------------------------------------------- the stages
-STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run"
-STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS common"
+STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run jpeg_data jpeg_run"
+STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS STEPS BATCH JPEGS JPEG_WORKERS common"
 stage env 90 make_env || true
 if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && ! horovod_ready; }; then
     stage build "$BUILD_LIMIT" build_horovod || true
@@ -239,6 +266,9 @@ stage check 60 check_build || true
 stage horovod 150 hvdtrain_run horovod --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
 stage plain 90 plain_loop plain || true
 stage ddp 120 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true
+stage feeder-off 120 hvdtrain_run feeder-off --epochs "$EPOCHS" --feeder off || true
+stage jpeg-data 90 jpeg_data || true
+stage jpeg 150 jpeg_run || true
 stage resume 90 hvdtrain_run resume --epochs $((EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
 grep -q "resumed from" "$LOGS/resume.log" 2>/dev/null || { say "resume: no 'resumed from' line in its log"; failed=1; }
 stage plain-2 90 plain_loop plain-2 || true
@@ -249,7 +279,7 @@ stage doctor 60 "$PY" -m hvdtrain.doctor --framework torch || true
 import json, sys
 json.dump({"device": "$DEVICE", "model": "$MODEL", "image_size": $SIZE, "batch_size": $BATCH, "amp": "$AMP",
            "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
-           "num_workers": $WORKERS, "budget_s": $BUDGET, "elapsed_s": $SECONDS, "work": "$WORK",
+           "num_workers": $WORKERS, "jpegs": $JPEGS, "jpeg_workers": $JPEG_WORKERS, "budget_s": $BUDGET, "elapsed_s": $SECONDS, "work": "$WORK",
            "archive": "gpu-check-logs.tar.gz"}, open(sys.argv[1], "w"), indent=1)
 EOF
 # Every log into one archive, each cut to its last 4 MiB (a verbose build log can be large).

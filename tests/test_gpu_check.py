@@ -55,7 +55,7 @@ def test_gpu_check_cpu_mode(tmp_path):
     assert list((work / "ckpt").glob("*.pt")), "the checkpoints belong in the work dir"
     with tarfile.open(out / "gpu-check-logs.tar.gz") as tar:
         archived = tar.getnames()
-    for log in ("env", "check", "horovod", "plain", "ddp", "resume", "plain-2", "doctor"):
+    for log in ("env", "check", "horovod", "plain", "ddp", "feeder-off", "jpeg-data", "jpeg", "resume", "plain-2", "doctor"):
         assert f"logs/{log}.log" in archived, archived
     assert not [n for n in archived if n.endswith(".pt")], archived
 
@@ -70,7 +70,8 @@ def test_gpu_check_cpu_mode(tmp_path):
 
     # Every stage ran and passed; the runs had the same settings; the resume went on.
     assert [s["stage"] for s in figures["stages"]] == \
-        ["env", "check", "horovod", "plain", "ddp", "resume", "plain-2", "doctor"], figures["stages"]
+        ["env", "check", "horovod", "plain", "ddp", "feeder-off", "jpeg-data", "jpeg", "resume", "plain-2", "doctor"], \
+        figures["stages"]
     assert figures["failed_stages"] == [], figures["stages"]
     assert figures["settings_differ"] == [], figures["settings"]
     resume = figures["resume"]
@@ -87,3 +88,10 @@ def test_gpu_check_cpu_mode(tmp_path):
         assert figures["ratios"][key] == pytest.approx(figures["images_per_sec"][key] / figures["images_per_sec"]["plain"])
         assert rows[name][1] == pytest.approx(figures["ratios"][key], abs=0.0006)
     assert "Resume: ran" in report and "the same in every run" in report, report
+    # The feeder's effect and real JPEGs: the runs happened, on the data they name.
+    assert figures["images_per_sec"]["feeder-off"] > 0 and figures["images_per_sec"]["jpeg"] > 0, figures
+    assert figures["jpeg_over_synthetic"] == pytest.approx(figures["images_per_sec"]["jpeg"]
+                                                           / figures["images_per_sec"]["horovod"])
+    jpeg = json.loads(tarfile.open(out / "gpu-check-logs.tar.gz").extractfile("logs/jpeg.json").read())
+    assert jpeg["config"]["dataset"] == "shards" and jpeg["config"]["num_workers"] >= 1, jpeg["config"]
+    assert re.search(r"JPEG shards \(24 JPEGs, \d+ decode workers\) \| [0-9.]+ \| / synthetic [0-9.]+", report), report

@@ -26,6 +26,10 @@ class TorchBackend(Collectives):
     # True: the backend runs the epochs itself (`fit`), driving the trainer through its loop API
     # (hvdtrain/trainer.py); the trainer's own loop and phase marks are then not used.
     owns_loop: ClassVar[bool] = False
+    # True: the loaders' batches may be fetched ahead on the device feeder's thread
+    # (hvdtrain/torch/feeder.py). False where the backend reads its loader's progress while the
+    # loop runs (Accelerate: gather_for_metrics drops the padding once its loader says it ended).
+    loaders_read_ahead: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ set-up
     @abc.abstractmethod

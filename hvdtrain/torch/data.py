@@ -108,15 +108,18 @@ def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batc
                    drop_last=True, pin_memory=torch.cuda.is_available())
 
 
+def rank_batches(dataset, cfg, rank: int, world_size: int, epoch: int) -> list[list[int]]:
+    """The sample indices of each batch `train_loader` gives rank `rank` in `epoch` (none skipped)."""
+    batch = cfg.batch_size * cfg.batches_per_allreduce
+    indices = list(_epoch_sampler(dataset, cfg, rank, world_size, epoch))
+    return [indices[i:i + batch] for i in range(0, len(indices) - batch + 1, batch)]
+
+
 def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_batches: int) -> DataLoader:
     """One loader over every rank's batches, rank r's i-th batch at position i x world_size + r:
     the unsharded loader a library that shards by batches (Accelerate's `prepare`: batch k to
     rank k mod N) turns back into exactly the batches `train_loader` gives each rank."""
-    batch = cfg.batch_size * cfg.batches_per_allreduce
-    shards = []
-    for rank in range(world_size):
-        indices = list(_epoch_sampler(dataset, cfg, rank, world_size, epoch))
-        shards.append([indices[i:i + batch] for i in range(0, len(indices) - batch + 1, batch)][skip_batches:])
+    shards = [rank_batches(dataset, cfg, rank, world_size, epoch)[skip_batches:] for rank in range(world_size)]
     batches = [shard[i] for i in range(len(shards[0])) for shard in shards]
     return _loader(dataset, cfg, batch_sampler=batches, pin_memory=torch.cuda.is_available())
 

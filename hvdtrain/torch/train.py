@@ -24,7 +24,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import data, device_settings, images
+from hvdtrain.torch import dali, data, device_settings, images
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
@@ -85,6 +85,9 @@ class Trainer(EpochTrainer):
         # uint8 images (hvdtrain's image files, or a user's dataset that says so) become floats on
         # the device, after the copy: hvdtrain/torch/images.py.
         self.input_normalization = data.input_normalization(self.train_ds)
+        if self.cfg.loader == "dali":  # installed, and image files to decode: said before any step
+            dali.require()
+            dali.EncodedImages(self.train_ds)
         return len(self.train_ds), len(self.val_ds) if self.val_ds is not None else 0
 
     def _build_model(self) -> None:
@@ -153,8 +156,10 @@ class Trainer(EpochTrainer):
     def _feed(self, loader):
         """The loader's batches on the device, the next ones prepared during the current step
         (hvdtrain/torch/feeder.py)."""
-        return DeviceFeeder(loader, self.device, self.prepare_inputs,
-                            threaded=self.cfg.feeder == "on" and data.feeds_on_thread(loader))
+        # DALI's batches draw nothing from torch's generator: they may be run on the thread too.
+        safe = isinstance(loader, dali.DaliLoader) or data.feeds_on_thread(loader)
+        threaded = self.cfg.feeder == "on" and safe and self.backend.loaders_read_ahead
+        return DeviceFeeder(loader, self.device, self.prepare_inputs, threaded=threaded)
 
     def _data_remedy(self) -> str:
         return (f"each rank has {self.threads} core(s) and {self.cfg.num_workers} decode worker(s) (--num-workers): "
@@ -189,7 +194,12 @@ class Trainer(EpochTrainer):
         cfg, b, meter = self.cfg, self.backend, self.meter
         k = cfg.batches_per_allreduce
         # The backend builds the loader: a library may shard the data itself (Accelerate's prepare).
-        loader = b.train_loader(self.train_ds, cfg, self.position.epoch, self.position.step_in_epoch)
+        at = self.position
+        if cfg.loader == "dali":  # the same batches, decoded by DALI (hvdtrain/torch/dali.py)
+            loader = dali.train_loader(self.train_ds, cfg, self.rank, self.world_size, at.epoch, at.step_in_epoch,
+                                       self.device)
+        else:
+            loader = b.train_loader(self.train_ds, cfg, at.epoch, at.step_in_epoch)
         self.model.train()
         steps = self.start_epoch()
         for i, (x, y) in enumerate(self._feed(loader)):
@@ -267,7 +277,8 @@ class Trainer(EpochTrainer):
         # By default an exact shard per rank, the sums reduced once; Accelerate's way: its own
         # sharded loader, every rank gathering every sample's figures (gather_for_metrics).
         if self.val_batches is None:  # the same batches at every pass: built once
-            self.val_batches = b.val_loader(self.val_ds, self.cfg)
+            self.val_batches = (dali.val_loader(self.val_ds, self.cfg, self.rank, self.world_size, self.device)
+                                if self.cfg.loader == "dali" else b.val_loader(self.val_ds, self.cfg))
         for x, y in self._feed(self.val_batches):
             self.watchdog.beat(where="validating")
             with device_settings.autocast(self.cfg.amp, self.device):

@@ -1,0 +1,229 @@
+"""NVIDIA DALI decodes the image files (`--loader dali`): on a GPU with `device="mixed"` (nvJPEG,
+and the A100's and H100's hardware JPEG decoder), on a CPU with DALI's CPU mode (`device_id=None`),
+which runs the same graph: the test suite runs it under mpirun.
+
+    pip install nvidia-dali-cuda130        # nvidia-dali-cuda120 for a CUDA 12 torch
+    srun python -m hvdtrain.torch --model resnet50 --dataset shards --data-dir $SHARDS --loader dali
+
+Choose it when a GPU has few cores to decode with (docs/data.md: ResNet-50 on an H100 needs about
+six cores of libjpeg-turbo; DALI decodes on the GPU itself).
+
+What stays hvdtrain's: which samples each rank reads, in which order (the same (seed, epoch)
+shards and batches as the torch loader: hvdtrain/torch/data.py `rank_batches`), exact
+validation, and the random crop and flip of each sample, drawn here as a function of (seed,
+epoch, sample index) and handed to DALI as arguments. So a resume in the middle of an epoch
+reads the same samples with the same crops and ends with the weights of an uninterrupted run
+(tests/test_dali.py). What is DALI's: reading the crop from the JPEG (it decodes only that
+region), resizing (its filters, not torchvision's: the pixels differ slightly from
+`--loader torch`) and the normalisation, whose float32 CHW output lands on the device.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+
+from hvdtrain import datasets
+from hvdtrain.errors import UsageError
+from hvdtrain.torch import data, images
+
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop defaults
+
+
+def require():
+    """DALI's modules, or one line saying how to install it."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        cuda = (torch.version.cuda or "13.0").split(".")[0]
+        raise UsageError(f"--loader dali needs NVIDIA DALI, which is not installed: pip install "
+                         f"nvidia-dali-cuda{cuda}0 (for this torch's CUDA {torch.version.cuda or '-'}), or use "
+                         "--loader torch") from None
+    from nvidia.dali import fn, pipeline_def, types
+
+    return fn, pipeline_def, types
+
+
+# ---------------------------------------------------------------------------------------- the samples
+class EncodedImages:
+    """hvdtrain's image datasets (a folder, shards) as (file bytes, label) by index, undecoded."""
+
+    def __init__(self, dataset):
+        from torchvision.datasets import ImageFolder
+
+        seeded = isinstance(dataset, data.SeededSamples)
+        inner, self.seed = (dataset.dataset, dataset.seed) if seeded else (dataset, 0)
+        if isinstance(inner, images.ShardImages):
+            self.read, self.where = inner.reader.read, inner.reader.where
+        elif isinstance(inner, ImageFolder) and inner.loader is images.load_file:
+            samples = inner.samples
+
+            def read(i):
+                path, label = samples[i]
+                try:
+                    with open(path, "rb") as f:
+                        return f.read(), label
+                except OSError as err:
+                    raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
+
+            self.read, self.where = read, lambda i: samples[i][0]
+        else:
+            raise UsageError("--loader dali reads image files: --dataset imagefolder or --dataset shards")
+        self.length = len(inner)
+
+    def __len__(self):
+        return self.length
+
+
+def image_shape(data: bytes, where: str) -> tuple[int, int]:
+    """(height, width) from the file's header alone."""
+    from PIL import Image
+
+    try:
+        width, height = Image.open(io.BytesIO(data)).size
+    except Exception as err:  # noqa: BLE001 - PIL raises many kinds for a bad header
+        raise datasets.BadSample(f"cannot read image {where} ({type(err).__name__}: {err})") from None
+    return height, width
+
+
+def crop_window(rng: np.random.Generator, height: int, width: int) -> tuple[float, float, float, float]:
+    """A RandomResizedCrop window (torchvision's algorithm: 10 tries, else the centre crop at the
+    nearest allowed ratio), relative: (top, left, height, width) in [0, 1]."""
+    area = height * width
+    log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*SCALE)
+        ratio = math.exp(rng.uniform(*log_ratio))
+        w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+            return top / height, left / width, h / height, w / width
+    in_ratio = width / height
+    if in_ratio < RATIO[0]:
+        w, h = width, int(round(width / RATIO[0]))
+    elif in_ratio > RATIO[1]:
+        h, w = height, int(round(height * RATIO[1]))
+    else:
+        w, h = width, height
+    return (height - h) // 2 / height, (width - w) // 2 / width, h / height, w / width
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, index])
+
+
+# ---------------------------------------------------------------------------------------- the pipelines
+def _pipeline(train: bool, size: int, batch_size: int, threads: int, device: torch.device):
+    fn, pipeline_def, types = require()
+    gpu = device.type == "cuda"
+    mean = [255 * m for m in datasets.IMAGENET_MEAN]
+    std = [255 * s for s in datasets.IMAGENET_STD]
+
+    # prefetch_queue_depth=1: each run() decodes exactly the batch just fed (batches are ours).
+    @pipeline_def(batch_size=batch_size, num_threads=max(1, threads), device_id=device.index if gpu else None,
+                  prefetch_queue_depth=1, seed=0)
+    def graph():
+        decoder = "mixed" if gpu else "cpu"
+        files = fn.external_source(name="files", dtype=types.UINT8)
+        if train:
+            window = fn.external_source(name="window", dtype=types.FLOAT)  # (top, left, height, width)
+            mirror = fn.external_source(name="mirror", dtype=types.INT32)
+            decoded = fn.decoders.image_slice(files, fn.slice(window, 0, 2, axes=[0]), fn.slice(window, 2, 2, axes=[0]),
+                                              device=decoder, output_type=types.RGB, normalized_anchor=True,
+                                              normalized_shape=True)
+            decoded = fn.resize(decoded, resize_x=size, resize_y=size, antialias=True)
+            return fn.crop_mirror_normalize(decoded, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
+                                            mean=mean, std=std)
+        decoded = fn.decoders.image(files, device=decoder, output_type=types.RGB)
+        decoded = fn.resize(decoded, resize_shorter=int(size * images.VAL_RESIZE), antialias=True)
+        return fn.crop_mirror_normalize(decoded, dtype=types.FLOAT, output_layout="CHW", crop=(size, size),
+                                        mean=mean, std=std)
+
+    pipe = graph()
+    pipe.build()
+    return pipe
+
+
+_PIPELINES: dict = {}  # built once per shape and device: an epoch's loader reuses the last one
+
+
+def pipeline(train: bool, size: int, batch_size: int, threads: int, device: torch.device):
+    key = (train, size, batch_size, threads, str(device))
+    if key not in _PIPELINES:
+        _PIPELINES[key] = _pipeline(*key[:4], device)
+    return _PIPELINES[key]
+
+
+def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int, device) -> "DaliLoader":
+    """This rank's batches of `epoch`, as the torch loader's (data.rank_batches), decoded by DALI."""
+    batches = data.rank_batches(dataset, cfg, rank, world_size, epoch)[skip_batches:]
+    return DaliLoader(dataset, batches, train=True, epoch=epoch, size=cfg.image_size, threads=cfg.num_workers,
+                      device=device)
+
+
+def val_loader(dataset, cfg, rank: int, world_size: int, device) -> "DaliLoader":
+    """This rank's exact validation shard: every sample on one rank, the last batch short."""
+    shard = list(datasets.exact_shard(len(dataset), rank, world_size))
+    batches = [shard[i:i + cfg.batch_size] for i in range(0, len(shard), cfg.batch_size)]
+    return DaliLoader(dataset, batches, train=False, epoch=0, size=cfg.image_size, threads=cfg.num_workers,
+                      device=device)
+
+
+class DaliLoader:
+    """(x, y) batches on the device for the given batches of sample indices: x float32 CHW,
+    normalised; y int64. Iterated from one thread at a time (the feeder's)."""
+
+    def __init__(self, dataset, batches: list[list[int]], *, train: bool, epoch: int, size: int, threads: int,
+                 device: torch.device):
+        self.source, self.batches, self.train, self.epoch = EncodedImages(dataset), batches, train, epoch
+        self.device = device
+        longest = max((len(b) for b in batches), default=1)
+        self.pipe = pipeline(train, size, longest, threads, device)
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for batch in self.batches:
+            yield self._run(batch)
+
+    def _run(self, batch: list[int]):
+        files, labels, windows, mirrors = [], [], [], []
+        for i in batch:
+            data, label = self.source.read(i)
+            files.append(np.frombuffer(data, dtype=np.uint8))
+            labels.append(label)
+            if self.train:
+                rng = sample_rng(self.source.seed, self.epoch, i)
+                windows.append(np.array(crop_window(rng, *image_shape(data, self.source.where(i))), np.float32))
+                mirrors.append(np.array(int(rng.integers(0, 2)), np.int32))
+        self.pipe.feed_input("files", files)
+        if self.train:
+            self.pipe.feed_input("window", windows)
+            self.pipe.feed_input("mirror", mirrors)
+        try:
+            (out,) = self.pipe.run()
+        except RuntimeError as err:  # DALI names no sample: find the bad one by decoding alone
+            raise datasets.BadSample(self._which_failed(batch) or f"DALI failed on a batch: "
+                                     f"{str(err).strip().splitlines()[0]}") from None
+        return self._to_torch(out), torch.as_tensor(labels, dtype=torch.int64, device=self.device)
+
+    def _which_failed(self, batch) -> str | None:
+        for i in batch:
+            try:
+                images.decode(self.source.read(i)[0], self.source.where(i))
+            except datasets.BadSample as err:
+                return str(err)
+        return None
+
+    def _to_torch(self, out) -> torch.Tensor:
+        tensor = out.as_tensor()
+        if self.device.type != "cuda":
+            return torch.from_numpy(np.array(tensor))
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        x = torch.empty(tensor.shape(), dtype=torch.float32, device=self.device)
+        feed_ndarray(tensor, x, cuda_stream=torch.cuda.current_stream(self.device))
+        return x

@@ -1,0 +1,112 @@
+"""--loader dali (hvdtrain/torch/dali.py) in DALI's CPU mode (device_id=None: the graph a GPU runs
+with device="mixed"), under mpirun -np 2 on tar shards: equal ranks, exact validation, a resume
+in the middle of an epoch ending with the uninterrupted run's weights (the same samples and the
+same crops); without DALI installed, one line saying how to install it.
+
+DALI is an optional extra, not in the project venv: the tests install it once into the cache
+(HVDTRAIN_CACHE/dali-VERSION-cudaN, about 700 MB, kept between runs) and give the ranks that
+directory on PYTHONPATH."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import PYTHON, base_env, launch
+from hvdtrain import shards
+from hvdtrain.datasets import write_digits_imagefolder
+
+DALI_VERSION = "2.4.0"
+# DALI's libraries, each without its Python dependencies, which the venv has (numpy, packaging, ...).
+DALI_PACKAGES = {"13": [f"nvidia-dali-cuda130=={DALI_VERSION}", "nvidia-nvimgcodec-cu13==0.9.0.20",
+                        "nvidia-nvjpeg==13.3.2.43", "nvidia-nvjpeg2k-cu13==0.11.0.51",
+                        "nvidia-libnvcomp-cu13==5.3.0.16", "nvidia-nvtiff-cu13==0.8.0.82", "nvtx==0.2.17",
+                        "makefun==1.16.0", "libcst==1.9.0"]}
+VAL = 49
+
+
+@pytest.fixture(scope="module")
+def dali_path():
+    """The directory DALI is installed in, once per cache (pip's own cache holds the wheels)."""
+    cuda = (torch.version.cuda or "13.0").split(".")[0]
+    if cuda not in DALI_PACKAGES:
+        pytest.fail(f"no DALI package list for CUDA {cuda} (torch {torch.__version__})")
+    cache = os.environ.get("HVDTRAIN_CACHE", os.path.expanduser("~/.cache/hvdtrain"))
+    target = os.path.join(cache, f"dali-{DALI_VERSION}-cuda{cuda}")
+    stamp = os.path.join(target, ".installed")
+    if not os.path.exists(stamp):
+        done = subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target", target,
+                               *DALI_PACKAGES[cuda]], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        open(stamp, "w").write(" ".join(DALI_PACKAGES[cuda]) + "\n")
+    return target
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dali-shards")
+    folder = write_digits_imagefolder(str(d / "folder"), per_class_train=20, per_class_val=5, size=24, fmt="jpg")
+    os.unlink(os.path.join(folder, "val", "9", "0004.jpg"))
+    shards.write(str(d / "shards"), *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
+    return str(d / "shards")
+
+
+def train(tmp_path, data_dir, name, *extra, dali=None, check=True, np_=2):
+    env = base_env()
+    if dali:
+        env["PYTHONPATH"] = dali + os.pathsep + env["PYTHONPATH"]
+    result = tmp_path / f"{name}.json"
+    run = launch("mpirun" if np_ > 1 else "single", np_,
+                 [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "shards", "--data-dir", data_dir,
+                  "--loader", "dali", "--image-size", "16", "--batch-size", "8", "--epochs", "2", "--base-lr", "0.01",
+                  "--threads-per-rank", "1", "--num-workers", "1", "--log-interval", "4", "--result-json", str(result),
+                  *extra], timeout=240, env=env, check=check)
+    return json.loads(result.read_text()) if check else run
+
+
+def weights(ckpt_dir):
+    from hvdtrain.checkpoint import latest_checkpoint
+
+    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
+
+
+@pytest.mark.slow
+def test_dali_cpu_mode_under_mpirun_resumes_to_the_uninterrupted_weights(dali_path, shard_dir, tmp_path):
+    whole = train(tmp_path, shard_dir, "whole", "--checkpoint-dir", str(tmp_path / "whole"), dali=dali_path)
+    assert whole["config"]["loader"] == "dali" and whole["world_size"] == 2
+    assert whole["history"][-1]["val_count"] == VAL  # each validation sample once, on one rank
+    assert len({r["param_checksum"] for r in whole["ranks"]}) == 1, whole["ranks"]
+    # 12 steps an epoch; stopped at step 5 of epoch 2, then run again.
+    assert train(tmp_path, shard_dir, "part", "--checkpoint-dir", str(tmp_path / "part"), "--steps", "17",
+                 dali=dali_path)["global_step"] == 17
+    rest = train(tmp_path, shard_dir, "rest", "--checkpoint-dir", str(tmp_path / "part"), dali=dali_path)
+    assert rest["global_step"] == 24
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
+    for key in a:
+        diff = (a[key].double() - b[key].double()).abs().max().item()
+        assert diff <= 1e-6, f"{key} differs by {diff} after the resume: not the same samples and crops"
+
+
+@pytest.mark.slow
+def test_without_dali_the_loader_is_one_line(shard_dir, tmp_path):
+    run = train(tmp_path, shard_dir, "missing", check=False, np_=1)
+    assert run.returncode == 2, run.output[-3000:]
+    assert "--loader dali needs NVIDIA DALI, which is not installed: pip install nvidia-dali-cuda" in run.output
+    assert "Traceback" not in run.output
+
+
+def test_crop_windows_follow_random_resized_crop_and_the_sample():
+    from hvdtrain.torch import dali
+
+    for index in range(200):
+        top, left, h, w = dali.crop_window(dali.sample_rng(42, 3, index), 375, 500)
+        assert 0 <= top and top + h <= 1 + 1e-9 and 0 <= left and left + w <= 1 + 1e-9
+        area, ratio = h * w, (w * 500) / (h * 375)
+        assert 0.08 * 0.97 <= area <= 1.0 and 3 / 4 * 0.97 <= ratio <= 4 / 3 * 1.03, (area, ratio)
+        # A function of (seed, epoch, index): what a resumed run draws again.
+        assert (top, left, h, w) == dali.crop_window(dali.sample_rng(42, 3, index), 375, 500)
+    windows = {dali.crop_window(dali.sample_rng(42, epoch, 7), 375, 500) for epoch in range(5)}
+    assert len(windows) == 5  # another epoch, another crop
+    assert np.isclose(dali.crop_window(np.random.default_rng(0), 10, 1000)[2], 1.0)  # the centre-crop fallback
