@@ -47,8 +47,11 @@ def write_jpegs(root: str, count: int, classes: int = 10) -> float:
     return sum(sizes) / len(sizes) / 1024
 
 
+DALI_BATCH = 32
+
+
 def pipelines(folder: str, shards_dir: str, size: int) -> dict:
-    """name -> (a function of a sample index, the number of samples)."""
+    """name -> (a function of an index, how many indices, [images per call: 1])."""
     import torch
     from PIL import Image
     from torchvision import transforms as T
@@ -91,6 +94,17 @@ def pipelines(folder: str, shards_dir: str, size: int) -> dict:
     table[f"hvdtrain default from a folder ({images.DECODER})"] = (lambda i: train_folder[i][0], len(train_folder))
     train_shards = images.ShardImages(shards_dir, "train", augment)
     table["hvdtrain default from shards"] = (lambda i: train_shards[i][0], len(train_shards))
+    try:  # DALI's CPU mode, one thread, when it is installed (pip install nvidia-dali-cuda130)
+        from hvdtrain.torch import dali
+
+        dali.require()
+        batches = [list(range(k, k + DALI_BATCH)) for k in range(0, len(train_shards) - DALI_BATCH + 1, DALI_BATCH)]
+        loader = dali.DaliLoader(train_shards, batches, train=True, epoch=0, size=size, threads=1,
+                                 device=torch.device("cpu"))
+        table[f"--loader dali, CPU mode, from shards (batches of {DALI_BATCH})"] = (
+            lambda i: loader._run(batches[i % len(batches)]), len(batches), DALI_BATCH)
+    except Exception as err:  # noqa: BLE001 - reported, the rest measured
+        print(f"(DALI not measured: {str(err).splitlines()[0]})")
     return table
 
 
@@ -100,18 +114,18 @@ def per_core(table: dict, repeats: int, seconds: float) -> dict:
     torch.set_num_threads(1)
     rates = {name: [] for name in table}
     for _ in range(repeats):
-        for name, (sample, n) in table.items():
+        for name, (sample, n, *per_call) in table.items():
             done, i, start = 0, 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
                 sample(i % n)
                 i += 1
-                done += 1
+                done += per_call[0] if per_call else 1
             rates[name].append(done / (time.perf_counter() - start))
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
-def train(args, dataset: str, data_dir: str | None, feeder: str, out: str) -> dict:
-    result = os.path.join(out, f"train-{dataset}-{feeder}.json")
+def train(args, dataset: str, data_dir: str | None, feeder: str, out: str, extra=()) -> dict:
+    result = os.path.join(out, f"train-{dataset}-{feeder}{'-'.join(('',) + tuple(extra))}.json")
     cmd = [sys.executable, "-m", "hvdtrain.torch", "--model", args.train_model, "--dataset", dataset,
            "--image-size", str(args.image_size), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
            "--untimed-steps", "3", "--threads-per-rank", str(args.threads), "--num-workers", str(args.workers),
@@ -119,6 +133,7 @@ def train(args, dataset: str, data_dir: str | None, feeder: str, out: str) -> di
            "--synthetic-size", str(args.batch_size * (args.steps + 4))]
     if data_dir:
         cmd += ["--data-dir", data_dir]
+    cmd += list(extra)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -164,12 +179,15 @@ def main() -> None:
     print(f"\ntraining {args.train_model} at {args.image_size}px, batch {args.batch_size}, {args.threads} compute "
           f"thread(s), {args.workers} decode worker(s), {args.steps} steps (img/s; data ms per step):")
     runs = {}
-    for name, dataset, data_dir, feeder in (("synthetic, in memory", "synthetic", None, "on"),
-                                            ("synthetic, in memory, feeder off", "synthetic", None, "off"),
-                                            ("JPEG shards", "shards", shards_dir, "on"),
-                                            ("JPEG folder", "imagefolder", folder, "on"),
-                                            ("JPEG shards, feeder off", "shards", shards_dir, "off")):
-        runs[name] = run = train(args, dataset, data_dir, feeder, args.out)
+    configs = [("synthetic, in memory", "synthetic", None, "on", ()),
+               ("synthetic, in memory, feeder off", "synthetic", None, "off", ()),
+               ("JPEG shards", "shards", shards_dir, "on", ()),
+               ("JPEG folder", "imagefolder", folder, "on", ()),
+               ("JPEG shards, feeder off", "shards", shards_dir, "off", ())]
+    if any(name.startswith("--loader dali") for name in rates):
+        configs.append(("JPEG shards, --loader dali (CPU mode)", "shards", shards_dir, "on", ("--loader", "dali")))
+    for name, dataset, data_dir, feeder, extra in configs:
+        runs[name] = run = train(args, dataset, data_dir, feeder, args.out, extra)
         print(f"  {run['rate']:7.1f}  data {run['phases'].get('data', float('nan')):6.1f} ms of "
               f"{sum(run['phases'].values()):6.1f}  {name}", flush=True)
     # The feeder's own effect where the host's share is visible on a CPU: 224 px in-memory batches,

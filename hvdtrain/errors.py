@@ -57,6 +57,25 @@ def report_and_exit(err: BaseException, prog: str) -> None:
     os._exit(EXIT_USAGE)
 
 
+def exit_at_once_on_uncaught_exception() -> None:
+    """An exception nothing caught ends this rank with its traceback and exit status 1, without the
+    interpreter's usual shutdown: its atexit handlers (Horovod's, MPI_Finalize) wait for the
+    other ranks, which may be waiting for this one (seen: both ranks alive minutes after their
+    tracebacks, until an outside timeout). The launcher then ends the job."""
+    shown = sys.excepthook
+    if getattr(shown, "hvdtrain", False):
+        return
+
+    def excepthook(kind, value, traceback):
+        shown(kind, value, traceback)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+    excepthook.hvdtrain = True
+    sys.excepthook = excepthook
+
+
 def exits_on_usage_error(prog: str):
     """Decorator: a UsageError raised by the function ends this rank with report_and_exit's one
     line and exit 2, as on the command line (for the calls of hvdtrain's APIs in users' scripts)."""

@@ -37,7 +37,7 @@ from hvdtrain.cluster import ClusterEnv
 from hvdtrain.collectives import Collectives
 from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception
 from hvdtrain.meter import StepMeter
 from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
@@ -110,6 +110,7 @@ class EpochTrainer(abc.ABC):
         # The launcher's environment, read once: a backend may export torchrun's variables for
         # its own rendezvous later, which must not change what this run reports as its launcher.
         self.env = ClusterEnv.from_environ()
+        exit_at_once_on_uncaught_exception()
         self.threads = threads_per_rank(cfg.threads_per_rank, self.env.local_world_size)
         # Armed before the backend starts: a rank missing at hvd.init() is a hang too.
         self.watchdog = Watchdog(cfg.watchdog_seconds, self.prog, self.env.rank, self.env.world_size)

@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, default_collate
 
 from hvdtrain import datasets
+from hvdtrain.errors import UsageError
 from hvdtrain.torch import images, workers
 
 
@@ -136,6 +137,13 @@ def val_loader(dataset, cfg, rank: int, world_size: int):
 
 
 def _loader(dataset, cfg, **kwargs) -> DataLoader:
+    if _workers(dataset, cfg):
+        unguarded = workers.unguarded_main()
+        if unguarded:
+            path, line = unguarded
+            raise UsageError(f"{path} trains at its top level (line {line}): DataLoader worker processes import it "
+                             "again and would each start training; put the training under `if __name__ == "
+                             "\"__main__\":` (or pass num_workers=0)")
     if not _workers(dataset, cfg):
         gatherable = _gatherable(dataset)
         if gatherable:

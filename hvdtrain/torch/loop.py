@@ -25,7 +25,7 @@ import torch
 from hvdtrain import checkpoint as ckpt, tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
-from hvdtrain.errors import UsageError, exits_on_usage_error, in_one_line
+from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, exits_on_usage_error, in_one_line
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
@@ -45,6 +45,7 @@ def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int 
     """hvd.init() with hvdtrain's settings, device, threads, stop signals, watchdog (armed first)."""
     cfg = TrainConfig(seed=seed, watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
     env = ClusterEnv.from_environ()
+    exit_at_once_on_uncaught_exception()
     threads = threads_per_rank(threads, env.local_world_size)
     torch.set_num_threads(threads)
     watchdog = Watchdog(watchdog_seconds, PROG, env.rank, env.world_size)

@@ -63,6 +63,38 @@ def worker_context():
     return context
 
 
+def unguarded_main() -> tuple[str, int] | None:
+    """(script, line) when the running script's top level is training with no `if __name__ ==
+    "__main__":` around it, else None. A worker process imports the script again (as
+    `__mp_main__`, without running the guarded block): unguarded, each worker would start training
+    too, MPI refuses it there, and the workers die. The line is found in the script's syntax tree:
+    the top-level statement being run now must sit inside such an `if`."""
+    import ast
+    import inspect
+
+    frame = inspect.currentframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    # A package's __main__ (python -m hvdtrain.torch) is one that multiprocessing never imports again.
+    spec = frame.f_globals.get("__spec__")
+    if spec is not None and (spec.name or "").endswith("__main__"):
+        return None
+    path, line = frame.f_code.co_filename, frame.f_lineno
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):  # python -c, a notebook, an interactive session
+        return None
+    for statement in tree.body:
+        if statement.lineno <= line <= (statement.end_lineno or statement.lineno):
+            guarded = isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test) \
+                and "__name__" in ast.unparse(statement.test)
+            return None if guarded else (path, line)
+    return None
+
+
 def init_worker(worker_id: int) -> None:
     """DataLoader worker start-up: ignore the stop signals (they are still blocked from the
     forkserver: none can have arrived unseen), and die with the forkserver."""
