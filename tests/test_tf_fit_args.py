@@ -77,6 +77,10 @@ def test_a_compiled_loss_is_found_and_named():
     assert wl.compiled_loss(types.SimpleNamespace(loss={}), keras) is None  # tf_keras, compiled without one
     assert wl.compiled_loss(types.SimpleNamespace(), keras) is None  # tf_keras, not compiled
     assert wl.compiled_loss(types.SimpleNamespace(loss="mse"), keras) is np.square
+    # fit(loss="mse"), as model.compile takes it: the loop's Keras resolves the name.
+    assert wl.named_loss("mse", keras) is np.square
+    with pytest.raises(UsageError, match="fit\\(\\): loss= 'msee', which keras does not know"):
+        wl.named_loss("msee", keras)
     with pytest.raises(UsageError, match="compiled with a list of losses"):
         wl.compiled_loss(types.SimpleNamespace(loss=[np.square, np.square]), keras)
     assert wl.loss_name(None) == "cross_entropy" and wl.loss_name(my_loss) == f"{__name__}:my_loss"
@@ -93,7 +97,8 @@ def test_fingerprint_tells_another_order():
 @pytest.mark.parametrize("call,message", [
     ("fit(build, ([[1.0]], [1, 2]))", "fit(): train_data: x has 1 samples and y 2"),
     ("fit(build, (x, y), epoch=3)", "unknown option for hvdtrain.tf: epoch (did you mean epochs?)"),
-    ("fit(build, (x, y), loss='mse')", "fit(): loss must be a function or a Keras loss"),
+    ("fit(build, (x, y), loss=42)", "fit(): loss must be a function or a Keras loss, loss(y_true, y_pred), or its "
+                                    "name"),
     ("fit(build, (x, y), dataset='digits')", "not as options (dataset=)"),
     ("fit(build, (x, y), backend='mwms')", "fit() trains with Horovod; backend='mwms'"),
     ("fit(build, (x, y), validation='on')", "validation='on', but no val_data was given"),

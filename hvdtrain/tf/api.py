@@ -89,9 +89,9 @@ def prepare(model, train_data, val_data, loss, options: dict):
     loop = wl.choose_loop(options.pop("loop", None), model_keras and model_keras.__name__)
     if loss is None and model_keras is not None:
         loss = wl.compiled_loss(model, model_keras)
-    if loss is not None and not callable(loss):
-        raise UsageError(f"fit(): loss must be a function or a Keras loss, loss(y_true, y_pred); got a "
-                         f"{type(loss).__name__}")
+    if loss is not None and not callable(loss) and not isinstance(loss, str):
+        raise UsageError(f"fit(): loss must be a function or a Keras loss, loss(y_true, y_pred), or its name as "
+                         f"model.compile takes it ('mse'); got a {type(loss).__name__}")
     names = {"model": plugins.describe(model), "dataset": wl.data_name(train_data)}
     cfg = config_from_values("tf", {**names, **options, "loop": loop})
     if cfg.backend != "horovod":
@@ -115,4 +115,7 @@ def prepare(model, train_data, val_data, loss, options: dict):
     wl.check_alike(train, val)
     # The loop's Keras; before TensorFlow is imported, when the model is still to be built.
     keras = keras_compat.select(loop) if loop == "fit" or model_keras is None else model_keras
+    if isinstance(loss, str):  # 'mse', as model.compile takes it: that Keras's function, named by it
+        loss = wl.named_loss(loss, keras)
+        cfg = dataclasses.replace(cfg, loss=wl.loss_name(loss))
     return cfg, keras, wl.given(model, names["model"], train, val, loss)

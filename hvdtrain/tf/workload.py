@@ -83,17 +83,23 @@ def choose_loop(loop: str | None, model_keras_name: str | None) -> str:
     return loop
 
 
+def named_loss(name: str, keras, what: str = "loss="):
+    """A loss named as model.compile takes it ('mse', 'sparse_categorical_crossentropy'), as
+    keras.losses.get resolves it in the loop's Keras."""
+    try:
+        return keras.losses.get(name)
+    except Exception as err:  # noqa: BLE001 - the user's setting, in one line
+        raise UsageError(f"fit(): {what} {name!r}, which {keras.__name__} does not know "
+                         f"({type(err).__name__}: {err})") from None
+
+
 def compiled_loss(model, keras):
     """The loss `model` was compiled with (a name resolved by its Keras), or None."""
     loss = getattr(model, "loss", None)
     if loss is None or (isinstance(loss, (dict, list, tuple)) and not loss):  # tf_keras: {} when compiled without
         return None
     if isinstance(loss, str):
-        try:
-            return keras.losses.get(loss)
-        except Exception as err:  # noqa: BLE001 - the model's own setting, in one line
-            raise UsageError(f"fit(): the model is compiled with loss {loss!r}, which {keras.__name__} does not know "
-                             f"({type(err).__name__}: {err})") from None
+        return named_loss(loss, keras, "the model is compiled with loss")
     if not callable(loss):
         raise UsageError(f"fit(): the model is compiled with a {type(loss).__name__} of losses; hvdtrain trains one "
                          "loss of one output: pass it as loss=")
