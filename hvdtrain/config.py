@@ -97,6 +97,10 @@ class TrainConfig:
                                                   "ranks per node)", per_rank=True, resume=FREE, at_least=1)
     checkpoint_dir: str | None = opt(None, help="write a checkpoint here every epoch (rank 0)", per_rank=True,
                                      resume=FREE)
+    checkpoint_every: str | None = opt(None, help="also checkpoint in the middle of epochs: every N steps ('2000') or "
+                                                  "every interval of time ('30m', '90s', '2h'; rank 0's clock, agreed "
+                                                  "by every rank at a log interval): a crash without a signal then "
+                                                  "costs that much", per_rank=False, resume=FREE)
     resume: bool = opt(False, help="resume from the newest checkpoint (also automatic when --checkpoint-dir holds "
                                    "one)", per_rank=False, resume=FREE)
     keep_checkpoints: int = opt(3, help="checkpoints kept, the newest", per_rank=False, resume=FREE, at_least=1)
@@ -154,6 +158,13 @@ class TrainConfig:
             problems.append(f"unknown LR schedule '{self.lr_schedule}'; valid: {', '.join(LR_SCHEDULES)}")
         if self.resume and not self.checkpoint_dir:
             problems.append("--resume needs --checkpoint-dir")
+        if self.checkpoint_every is not None:
+            try:
+                self.checkpoint_interval
+            except ValueError as err:
+                problems.append(str(err))
+            if not self.checkpoint_dir:
+                problems.append("--checkpoint-every needs --checkpoint-dir")
         if self.watchdog_seconds is not None and not (math.isfinite(self.watchdog_seconds) and self.watchdog_seconds >= 0):
             problems.append(f"--watchdog-seconds must be >= 0 (0: off; got {self.watchdog_seconds:g})")
         problems += backends.problems(self)  # unknown backend, or its own refusals
@@ -163,6 +174,23 @@ class TrainConfig:
             raise UsageError("; ".join(problems))
 
     # Derived values -----------------------------------------------------------------------
+    @property
+    def checkpoint_interval(self) -> tuple[int | None, float | None]:
+        """--checkpoint-every as (steps, None) or (None, seconds); (None, None) when not given."""
+        text = str(self.checkpoint_every).strip().lower() if self.checkpoint_every is not None else ""
+        if not text:
+            return None, None
+        units = {"s": 1, "m": 60, "h": 3600}
+        number, unit = (text[:-1], text[-1]) if text[-1] in units else (text, "")
+        try:
+            value = float(number) if unit else int(number)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"--checkpoint-every takes a number of steps (2000) or of seconds, minutes or hours "
+                             f"(90s, 30m, 2h), above 0; got {self.checkpoint_every!r}")
+        return (None, value * units[unit]) if unit else (value, None)
+
     @property
     def per_rank_batch_size(self) -> int:
         return self.batch_size
@@ -206,7 +234,7 @@ OPTION_GROUPS = {
                        "num_workers"),
     "optimisation": ("epochs", "steps", "batch_size", "batches_per_allreduce", "base_lr", "warmup_epochs",
                      "lr_schedule", "optimizer", "momentum", "weight_decay", "seed", "loop"),
-    "checkpoints and resume": ("checkpoint_dir", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
+    "checkpoints and resume": ("checkpoint_dir", "checkpoint_every", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
     "reliability": ("watchdog_seconds", "divergence_factor"),
     "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),
     "performance tuning": ("amp", "channels_last", "loader", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",

@@ -64,6 +64,10 @@ class StepMeter:
         self.injected_delay = injected_delay(backend.rank)  # test-only: a rank made slow on purpose
         self.loss_log: list[list] = []  # [global step, mean loss over the interval]
         self.first_loss: float | None = None  # this process's first step's loss, over all ranks
+        # This rank's vote for a timed checkpoint (the trainer's: rank 0's clock), and the outcome
+        # of the last vote, the same on every rank.
+        self.checkpoint_vote: Callable[[], bool] = lambda: False
+        self.checkpoint_due = False
 
     def phase(self, name: str) -> None:
         """The trainer's mark: phase `name` of this step ends now (timed steps only)."""
@@ -119,8 +123,11 @@ class StepMeter:
         self.phases.mark("other")
         if global_step % self.log_interval and global_step != self.last_step:
             return False
-        reduced = self.backend.allreduce_sum(np.array([*self.to_host(self.window), *stop_votes(self.signal_name())]),
-                                             "train_window")
+        reduced = self.backend.allreduce_sum(np.array([*self.to_host(self.window), *stop_votes(self.signal_name()),
+                                                       float(self.checkpoint_vote())]), "train_window")
+        # One rank's clock (rank 0's) says a timed checkpoint is due: every rank knows it here, at
+        # the same step.
+        self.checkpoint_due = reduced[5] > 0
         self.phases.mark("sync")  # the metrics' reduction waits for every rank too
         self.totals += reduced[:3]
         self.window = None

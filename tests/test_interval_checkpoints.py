@@ -1,0 +1,70 @@
+"""--checkpoint-every under mpirun -np 2: a rank killed with SIGKILL (no signal to catch: a node
+crash, the OOM killer) in the middle of an epoch costs the steps since the last interval
+checkpoint, not the epoch, and the rerun ends with the uninterrupted run's weights; a time
+interval is decided on rank 0's clock and agreed by every rank at the same step."""
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from conftest import PYTHON, base_env, finish_launch, launch, rank_pids, start_launch
+from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
+
+pytestmark = pytest.mark.slow
+
+# Digits: 1400 samples, 2 ranks, batch 32: 21 steps an epoch, 42 in all.
+ARGV = [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "2",
+        "--threads-per-rank", "1", "--log-interval", "3", "--keep-checkpoints", "50"]
+
+
+def step_of(path: str) -> int:
+    return int(re.search(r"-s(\d+)\.pt$", path).group(1))
+
+
+def test_a_rank_killed_mid_epoch_resumes_at_the_last_interval_with_the_uninterrupted_weights(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(whole), "--checkpoint-every", "5"], timeout=180)
+    assert [step_of(p) for p in list_checkpoints(str(whole))] == [5, 10, 15, 20, 21, 25, 30, 35, 40, 42]
+
+    # The same run, slowed on rank 1 (a sleep per step: the same numbers), SIGKILLed in epoch 2.
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.15"}
+    proc = start_launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5"], env=env)
+    deadline = time.monotonic() + 120
+    while not any(step_of(p) >= 25 for p in list_checkpoints(str(part))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    [rank1] = rank_pids(str(part), 1)
+    os.kill(rank1, signal.SIGKILL)
+    killed, _ = finish_launch(proc, timeout=60)
+    assert killed.returncode != 0
+    newest = step_of(latest_checkpoint(str(part)))
+    assert 25 <= newest < 42 and newest % 5 == 0, newest  # not the epoch's start (step 21)
+
+    result = tmp_path / "rest.json"
+    rest = launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5",
+                                       "--result-json", str(result)], timeout=180)
+    assert f"resumed from {part}/ckpt-e0001-s{newest:08d}.pt" in rest.output, rest.output[-3000:]
+    assert json.loads(result.read_text())["global_step"] == 42
+    a = torch.load(latest_checkpoint(str(whole)), weights_only=True)["model"]
+    b = torch.load(latest_checkpoint(str(part)), weights_only=True)["model"]
+    for key in a:
+        diff = (a[key].double() - b[key].double()).abs().max().item()
+        assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
+
+
+def test_a_time_interval_is_agreed_by_every_rank_at_one_step(tmp_path):
+    """Rank 1 is slower (its clock would say 'due' at other steps than rank 0's): only rank 0's
+    clock counts, through the log-interval vote, so the ranks checkpoint at the same steps (else
+    the collectives of the checkpoint would be mismatched: a hang or a crash)."""
+    ckpt = tmp_path / "ckpt"
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.05"}
+    run = launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "0.4s"], timeout=180,
+                 env=env)
+    steps = [step_of(p) for p in list_checkpoints(str(ckpt))]
+    middle = [s for s in steps if s not in (21, 42)]
+    assert middle and all(s % 3 == 0 for s in middle), steps  # at log intervals (every 3 steps)
+    assert "checkpoint" in run.output
