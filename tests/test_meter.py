@@ -12,11 +12,12 @@ class TwoRanks:
     name, rank, world_size, local_rank = "stand-in", 0, 2, 0
 
     def __init__(self):
-        self.reductions, self.barriers, self.other_signal = [], 0, None
+        self.reductions, self.barriers, self.other_signal, self.other_checkpoint_vote = [], 0, None, 0.0
 
     def allreduce_sum(self, values, name):
         self.reductions.append(name)
-        other = np.array([*values[:3], *stop_votes(self.other_signal)])[:len(values)]  # stats [+ votes]
+        # stats [+ stop votes + the timed-checkpoint vote]
+        other = np.array([*values[:3], *stop_votes(self.other_signal), self.other_checkpoint_vote])[:len(values)]
         return np.asarray(values, dtype=np.float64) + other
 
     def broadcast_object(self, obj, name):
@@ -101,6 +102,22 @@ def test_a_signal_on_another_rank_stops_every_rank_at_the_same_step():
             stops.append(step)
             break
     assert stops == [2] and m.end_epoch()[1] == "SIGUSR1"
+
+
+def test_a_timed_checkpoint_voted_by_the_other_rank_is_due_here_at_the_same_step():
+    """--checkpoint-every 30m: rank 0's clock decides (the other rank here); this rank, whose own
+    vote is no, learns it at the same log-interval step, and only there."""
+    b = TwoRanks()
+    m = meter(b, Quiet(), log_interval=2)
+    m.start_epoch(steps=6, first_step=0, label="e")
+    due = []
+    for step in range(1, 7):
+        b.other_checkpoint_vote = 1.0 if step >= 3 else 0.0
+        m.before_step()
+        m.after_step(step, [1.0, 0.0, 1.0])
+        due.append(m.checkpoint_due)
+        m.checkpoint_due = False  # the trainer takes it
+    assert due == [False, False, False, True, False, True]
 
 
 def test_sigterm_outweighs_sigusr1():
