@@ -12,13 +12,15 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, REPO, launch, usr1_to_rank0_once
+from conftest import PYTHON, REPO, finish_launch, launch, rank_pids, start_launch, usr1_to_rank0_once
 from hvdtrain import errors
+from hvdtrain.checkpoint import latest_checkpoint
 from hvdtrain.config import TrainConfig
 from hvdtrain.torch import loop
 from hvdtrain.torch.backend import TorchBackend
@@ -52,6 +54,36 @@ def test_own_loop_stops_on_a_signal_resumes_and_trains(tmp_path):
     assert acc >= 0.9, second[-3000:]
     sums = dict(re.findall(r"rank (\d): weights checksum (\w+)", second))
     assert len(sums) == 2 and sums["0"] == sums["1"], second[-3000:]
+
+
+@pytest.mark.slow
+def test_own_loop_killed_without_a_signal_resumes_at_its_interval_checkpoint(tmp_path):
+    """start(checkpoint_every=5): should_stop() writes a checkpoint every 5 steps, mid-epoch too. Rank 1
+    SIGKILLed in epoch 2 (nothing to catch), the next run goes on from the newest and ends with the
+    weights of a run never interrupted."""
+    whole = launch("mpirun", 2, [PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path / "whole"), "--epochs", "3",
+                                 "--checkpoint-every", "5"], timeout=120).output
+    reference = dict(re.findall(r"rank (\d): weights checksum (\w+)", whole))
+    written = [int(s) for s in re.findall(r"checkpoint \S+-s(\d+)\.pt", whole)]
+    assert written[:5] == [5, 10, 15, 20, 21] and 25 in written, written  # mid-epoch ones, and the epoch's end
+
+    part = str(tmp_path / "part")
+    argv = [PYTHON, EXAMPLE, "--checkpoint-dir", part, "--epochs", "3", "--checkpoint-every", "5"]
+    proc = start_launch("mpirun", 2, argv)
+    deadline = time.monotonic() + 120
+    def in_epoch_2():  # a mid-epoch checkpoint of epoch 2 is written
+        return os.path.isdir(part) and any(name.endswith((f"s{25:08d}.pt", f"s{30:08d}.pt")) for name in os.listdir(part))
+
+    while not in_epoch_2():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.01)
+    os.kill(rank_pids(part, 1)[0], signal.SIGKILL)
+    killed, _ = finish_launch(proc, timeout=60)
+    assert killed.returncode != 0 and "final val accuracy" not in killed.output, killed.output[-3000:]
+    newest = latest_checkpoint(part)
+    second = launch("mpirun", 2, argv, timeout=120).output
+    assert f"resumed from {newest} at epoch" in second, second[-3000:]
+    assert dict(re.findall(r"rank (\d): weights checksum (\w+)", second)) == reference, second[-3000:]
 
 
 class OneRank(TorchBackend):
@@ -163,7 +195,7 @@ def test_the_stop_vote(new_run, monkeypatch):
     run.stop.signal_name = "SIGUSR1"
     assert run.should_stop() and run.stopped_by == "SIGUSR1"
     # Another rank had SIGTERM: scancel wins over the time-limit warning (no requeue).
-    monkeypatch.setattr(run.backend, "allreduce_sum", lambda values, name: np.array([1.0, 1.0]))
+    monkeypatch.setattr(run.backend, "allreduce_sum", lambda values, name: np.array([1.0, 1.0, 0.0]))
     assert run.should_stop() and run.stopped_by == "SIGTERM"
 
 

@@ -27,9 +27,10 @@ parser.add_argument("--epochs", type=int, default=8)
 parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--lr", type=float, default=0.003, help="for one rank: multiplied by the ranks")
 parser.add_argument("--checkpoint-dir", default="own_loop_checkpoints")
+parser.add_argument("--checkpoint-every", help="also checkpoint mid-epoch: every N steps, or 30m, 90s, 2h")
 args = parser.parse_args()
 
-run = hvdtrain.torch.loop.start(seed=0)                      # hvdtrain: hvd.init(), device, signals, watchdog
+run = hvdtrain.torch.loop.start(seed=0, checkpoint_every=args.checkpoint_every)  # hvdtrain: hvd.init(), device, ...
 digits = digits_split()
 train, val = ArrayDataset(digits.x_train, digits.y_train), ArrayDataset(digits.x_val, digits.y_val)
 model = MnistCNN(in_channels=1, num_classes=10, image_size=8)
@@ -48,8 +49,8 @@ for epoch in range(start_epoch, args.epochs):
         optimizer.step()
         totals += torch.stack([loss.detach() * len(y), totals.new_tensor(len(y))])
         run.step_done()                                      # hvdtrain: the watchdog hears of progress
-        if run.should_stop():                                # hvdtrain: a stop signal on any rank
-            break
+        if run.should_stop():                                # hvdtrain: a stop signal on any rank (and the
+            break                                            # interval checkpoint, when one is due)
     run.save(args.checkpoint_dir, model, optimizer)          # hvdtrain: rank 0 writes where the loop is
     if run.stopped_by:                                       # hvdtrain
         break

@@ -1,6 +1,6 @@
 """Horovod for your own torch training loop: a few calls, each one line of a single-GPU script.
 
-    run = hvdtrain.torch.loop.start(seed=0)                   # hvd.init(), this rank's device, guards
+    run = hvdtrain.torch.loop.start(seed=0, checkpoint_every="30m")  # hvd.init(), device, guards
     model, optimizer = run.prepare(model, optimizer)          # to the device, LR x ranks, rank 0's weights
     start_epoch = run.resume("ckpt", model, optimizer)        # the newest checkpoint's epoch, or 0
     for epoch in range(start_epoch, epochs):
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 import torch
@@ -41,9 +42,15 @@ PROG = "hvdtrain.torch.loop"
 
 
 @exits_on_usage_error(PROG)
-def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int | None = None) -> "Run":
-    """hvd.init() with hvdtrain's settings, device, threads, stop signals, watchdog (armed first)."""
-    cfg = TrainConfig(seed=seed, watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
+def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int | None = None,
+          checkpoint_every: str | int | None = None) -> "Run":
+    """hvd.init() with hvdtrain's settings, device, threads, stop signals, watchdog (armed first).
+    checkpoint_every: 2000 (steps) or '30m' (rank 0's clock): should_stop() then also writes a
+    checkpoint in the middle of the epoch, into run.resume()'s directory."""
+    every = None if checkpoint_every is None else str(checkpoint_every)
+    # (Checked with a stand-in directory: run.resume() names the real one.)
+    cfg = TrainConfig(seed=seed, watchdog_seconds=watchdog_seconds, threads_per_rank=threads, checkpoint_every=every,
+                      checkpoint_dir="run.resume's" if every else None)
     env = ClusterEnv.from_environ()
     exit_at_once_on_uncaught_exception()
     threads = threads_per_rank(threads, env.local_world_size)
@@ -59,6 +66,26 @@ def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int 
     return Run(backend, cfg, device, watchdog, env.job_id)
 
 
+class _SeededSteps:
+    """The training batches, torch's generator seeded before each one by (seed, step, rank), as
+    the trainer seeds its steps: the random ops of your step (dropout) are a function of the step,
+    so a resumed run draws what an uninterrupted one would have."""
+
+    def __init__(self, run: "Run", batches):
+        self.run, self.batches = run, batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        from hvdtrain.torch.train import step_seed
+
+        run = self.run
+        for batch in self.batches:
+            torch.manual_seed(step_seed(run.cfg.seed, run.position.global_step, run.rank))
+            yield batch
+
+
 class Run:
     """One rank's part of the job: rank, local_rank, world_size, device, is_rank0, stopped_by."""
 
@@ -71,6 +98,8 @@ class Run:
         self.position = ckpt.Position()     # the epoch, batches stepped in it, steps in all
         self.batches_in_epoch = self.batching = self.resumed_batching = None  # (ranks, batch_size)
         self._prepared: list = []           # the optimizers prepare() wrapped
+        self.saving_to = None               # (directory, model, optimizer) of run.resume(): interval checkpoints
+        self.last_checkpoint_at = time.monotonic()
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -100,7 +129,7 @@ class Run:
         self.position = dataclasses.replace(self.position, epoch=epoch, step_in_epoch=skip)
         loader = self.backend.train_loader(dataset, cfg, epoch, skip)
         self.batches_in_epoch = skip + len(loader)
-        return self._feed(loader, dataset)
+        return _SeededSteps(self, self._feed(loader, dataset))
 
     def eval_loader(self, dataset, batch_size: int):  # each sample on one rank: sum, count, run.sum
         return self._feed(self.backend.val_loader(dataset, dataclasses.replace(self.cfg, batch_size=batch_size)),
@@ -121,11 +150,23 @@ class Run:
         self.position = self.position.after_step()
         self.watchdog.beat(self.position.global_step)
 
+    @exits_on_usage_error(PROG)
     def should_stop(self) -> bool:
-        """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s."""
-        mine = np.array([self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")], dtype=np.float64)
-        usr1, term = self.backend.allreduce_sum(mine, "stop_vote")
+        """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s.
+        With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
+        on every rank: a number of steps, or rank 0's clock, which votes here)."""
+        steps, seconds = self.cfg.checkpoint_interval
+        timed = bool(seconds) and self.is_rank0 and time.monotonic() - self.last_checkpoint_at >= seconds
+        mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), timed], dtype=np.float64)
+        usr1, term, timed = self.backend.allreduce_sum(mine, "stop_vote")
         self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
+        at = self.position
+        mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
+        if not self.stopped_by and mid_epoch and ((steps and at.global_step % steps == 0) or timed):
+            if self.saving_to is None:
+                raise UsageError("start(checkpoint_every=) writes into run.resume()'s directory: call "
+                                 "run.resume(checkpoint_dir, model, optimizer) before the loop")
+            self.save(*self.saving_to)
         if self.stopped_by:
             self.log(f"stopped by {self.stopped_by} in epoch {self.position.epoch + 1} after "
                      f"{self.position.step_in_epoch} batch(es)")
@@ -136,6 +177,7 @@ class Run:
         """Rank 0 loads the newest checkpoint that reads, every rank takes it: the epoch to start at."""
         if not any(optimizer is o for o in self._prepared):
             raise UsageError("run.resume() takes the optimizer run.prepare() returned (Horovod's starts empty)")
+        self.saving_to = (checkpoint_dir, model, optimizer)  # where interval checkpoints go
         self.watchdog.beat(where="resuming")
         status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
         status = self.backend.broadcast_object(status, "loop_resume")  # every rank fails, or none
@@ -191,6 +233,7 @@ class Run:
                 error = (f"could not write a checkpoint in {checkpoint_dir} ({err.strerror or err}); the newest "
                          f"is still {ckpt.latest_checkpoint(checkpoint_dir) or 'none'}")
         error = self.backend.broadcast_object(error, "loop_checkpoint_written")
+        self.last_checkpoint_at = time.monotonic()
         self.watchdog.beat(where="after writing a checkpoint")
         if error:
             raise UsageError(error)
