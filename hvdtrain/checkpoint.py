@@ -55,6 +55,29 @@ class Position:
         return dataclasses.replace(self, epoch=self.epoch + 1, step_in_epoch=0)
 
 
+class Interval:
+    """--checkpoint-every's decision, taken alike on every rank: every N steps (the same step
+    everywhere by construction), or every so many seconds of rank 0's clock, which alone votes
+    (`vote()`, in a reduction every rank joins at the same step; `voted`: its outcome). Only in
+    the middle of an epoch: the epoch's end has its own checkpoint."""
+
+    def __init__(self, interval: tuple[int | None, float | None], is_rank0: bool):
+        (self.steps, self.seconds), self.is_rank0 = interval, is_rank0
+        self.written()
+
+    def written(self) -> None:
+        """A checkpoint was written now: the clock starts again."""
+        self.last = time.monotonic()
+
+    def vote(self) -> bool:
+        return bool(self.seconds) and self.is_rank0 and time.monotonic() - self.last >= self.seconds
+
+    def due(self, global_step: int, mid_epoch: bool, voted: bool) -> bool:
+        if not mid_epoch:
+            return False
+        return global_step % self.steps == 0 if self.steps else bool(self.seconds) and voted
+
+
 def current_umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it: set it back at once
     os.umask(mask)

@@ -117,6 +117,14 @@ def _read(path: str) -> bytes:
     return data
 
 
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _member(name: str, size: int) -> tarfile.TarInfo:
     # Fixed owner, mode and time: the same source gives the same shard, byte for byte.
     info = tarfile.TarInfo(name)
@@ -174,14 +182,10 @@ class _ShardWriter:
         if len(offsets) != self._samples:
             raise RuntimeError(f"{self._tmp}: {len(offsets)} images read back, {self._samples} written")
         self.columns["offset"] += offsets
-        digest = hashlib.sha256()
-        with open(self._tmp, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        digest = _sha256(self._tmp)
         os.replace(self._tmp, os.path.join(self.out, self._name))
         self.shards.append({"name": self._name, "samples": self._samples,
-                            "bytes": os.path.getsize(os.path.join(self.out, self._name)),
-                            "sha256": digest.hexdigest()})
+                            "bytes": os.path.getsize(os.path.join(self.out, self._name)), "sha256": digest})
 
     def finish(self) -> dict:
         self.close_shard()
@@ -319,11 +323,7 @@ def verify(root: str, progress: bool = True) -> list[str]:
         if not os.path.exists(path):
             problems.append(f"shard {path} is missing")
             continue
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != shard["sha256"]:
+        if _sha256(path) != shard["sha256"]:
             problems.append(f"shard {path} is damaged (sha256 differs from {MANIFEST})")
     return problems
 

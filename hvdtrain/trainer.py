@@ -86,7 +86,7 @@ class EpochTrainer(abc.ABC):
         self._start_backend(cfg)
         self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
         self._said_data_bound = False  # the input-bound line: once a run
-        self.last_checkpoint_at = time.monotonic()  # --checkpoint-every's clock (rank 0's decides)
+        self.checkpoint_interval = ckpt.Interval(self.cfg.checkpoint_interval, self.is_rank0)  # --checkpoint-every
         self._check_outputs()
         self.stop = StopRequest()
         self.position = ckpt.Position()
@@ -97,7 +97,7 @@ class EpochTrainer(abc.ABC):
                                self.cfg.log_interval, self.cfg.warmup_steps,
                                self.cfg.batch_size * self.cfg.batches_per_allreduce, self._check_divergence,
                                self._stats_to_host)
-        self.meter.checkpoint_vote = self._timed_checkpoint_vote
+        self.meter.checkpoint_vote = self.checkpoint_interval.vote
         self.device_name = self._setup_device()
         self.plan = plan_steps(self.cfg, *self._build_data())
         self._build_model()
@@ -255,27 +255,16 @@ class EpochTrainer(abc.ABC):
         self.position = self.position.after_step()
         self.watchdog.beat(self.position.global_step)
         stop = self.meter.after_step(self.position.global_step, stats)
-        if not stop and self._interval_checkpoint_due():
-            self._checkpoint()  # the position in the middle of the epoch, as a stop signal's checkpoint
-            self.last_checkpoint_at = time.monotonic()
-        return stop
-
-    def _interval_checkpoint_due(self) -> bool:
-        """--checkpoint-every: every N steps (the same step on every rank by construction), or when
-        rank 0's clock says the interval has passed (the meter's vote: the same step on every rank).
-        Not at an epoch's last step, whose checkpoint end_epoch writes anyway."""
-        steps, seconds = self.cfg.checkpoint_interval
         at = self.position
-        if at.step_in_epoch >= self.plan.steps_per_epoch or at.global_step >= self.plan.total_steps:
-            return False
-        if steps:
-            return at.global_step % steps == 0
-        due, self.meter.checkpoint_due = self.meter.checkpoint_due, False
-        return bool(seconds) and due
-
-    def _timed_checkpoint_vote(self) -> bool:
-        _, seconds = self.cfg.checkpoint_interval
-        return bool(seconds) and self.is_rank0 and time.monotonic() - self.last_checkpoint_at >= seconds
+        # Not at an epoch's last step, whose checkpoint end_epoch writes anyway.
+        mid_epoch = at.step_in_epoch < self.plan.steps_per_epoch and at.global_step < self.plan.total_steps
+        voted = False
+        if mid_epoch:  # the vote is taken here (at an epoch's end it waits for the next epoch's steps)
+            voted, self.meter.checkpoint_due = self.meter.checkpoint_due, False
+        if not stop and self.checkpoint_interval.due(at.global_step, mid_epoch, voted):
+            self._checkpoint()  # the position in the middle of the epoch, as a stop signal's checkpoint
+            self.checkpoint_interval.written()
+        return stop
 
     def epoch_steps_done(self) -> tuple[dict, str | None]:
         """The epoch's steps are over, all or stopped: every rank stops the clock together.

@@ -184,6 +184,39 @@ def digits_checkpoints(tmp_path_factory) -> str:
 DIGITS_CHECKPOINT_ARGV = ["--model", "mnist_cnn", "--dataset", "digits", "--threads-per-rank", "1"]
 
 
+def newest_weights(ckpt_dir) -> dict:
+    """The model state of the newest checkpoint in `ckpt_dir` (torch)."""
+    import torch
+
+    from hvdtrain.checkpoint import latest_checkpoint
+
+    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
+
+
+def assert_weights_equal(ckpt_dir_a, ckpt_dir_b, atol: float = 1e-6) -> dict:
+    """Both directories' newest checkpoints hold the same weights and buffers (a resumed run
+    against an uninterrupted one); returns the first's state."""
+    a, b = newest_weights(ckpt_dir_a), newest_weights(ckpt_dir_b)
+    assert a.keys() == b.keys()
+    for key in a:
+        diff = (a[key].double() - b[key].double()).abs().max().item()
+        assert diff <= atol, f"{key} differs by {diff} after the resume"
+    return a
+
+
+def digits_shards(root) -> str:
+    """Digit JPEGs (24 px) written as tar shards under `root`: 200 training images in several
+    shards and 49 validation ones (odd: the ranks' exact validation shards differ in size)."""
+    from hvdtrain import shards
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    folder = write_digits_imagefolder(os.path.join(root, "folder"), per_class_train=20, per_class_val=5, size=24,
+                                      fmt="jpg")
+    os.unlink(os.path.join(folder, "val", "9", "0004.jpg"))
+    shards.write(os.path.join(root, "shards"), *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
+    return os.path.join(root, "shards")
+
+
 def copy_checkpoints(source: str, destination: str) -> str:
     shutil.copytree(source, destination)
     return destination

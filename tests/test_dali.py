@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, base_env, launch
-from hvdtrain import shards
-from hvdtrain.datasets import write_digits_imagefolder
+from conftest import PYTHON, assert_weights_equal, base_env, digits_shards, launch
 
 DALI_VERSION = "2.4.0"
 # DALI's libraries, each without its Python dependencies, which the venv has (numpy, packaging, ...).
@@ -46,11 +44,7 @@ def dali_path():
 
 @pytest.fixture(scope="module")
 def shard_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dali-shards")
-    folder = write_digits_imagefolder(str(d / "folder"), per_class_train=20, per_class_val=5, size=24, fmt="jpg")
-    os.unlink(os.path.join(folder, "val", "9", "0004.jpg"))
-    shards.write(str(d / "shards"), *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
-    return str(d / "shards")
+    return digits_shards(str(tmp_path_factory.mktemp("dali-shards")))
 
 
 def train(tmp_path, data_dir, name, *extra, dali=None, check=True, np_=2):
@@ -66,12 +60,6 @@ def train(tmp_path, data_dir, name, *extra, dali=None, check=True, np_=2):
     return json.loads(result.read_text()) if check else run
 
 
-def weights(ckpt_dir):
-    from hvdtrain.checkpoint import latest_checkpoint
-
-    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
-
-
 @pytest.mark.slow
 def test_dali_cpu_mode_under_mpirun_resumes_to_the_uninterrupted_weights(dali_path, shard_dir, tmp_path):
     whole = train(tmp_path, shard_dir, "whole", "--checkpoint-dir", str(tmp_path / "whole"), dali=dali_path)
@@ -83,10 +71,7 @@ def test_dali_cpu_mode_under_mpirun_resumes_to_the_uninterrupted_weights(dali_pa
                  dali=dali_path)["global_step"] == 17
     rest = train(tmp_path, shard_dir, "rest", "--checkpoint-dir", str(tmp_path / "part"), dali=dali_path)
     assert rest["global_step"] == 24
-    a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
-    for key in a:
-        diff = (a[key].double() - b[key].double()).abs().max().item()
-        assert diff <= 1e-6, f"{key} differs by {diff} after the resume: not the same samples and crops"
+    assert_weights_equal(tmp_path / "whole", tmp_path / "part")  # the same samples and crops
 
 
 @pytest.mark.slow

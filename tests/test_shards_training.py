@@ -3,15 +3,12 @@ validation exact, a resume in the middle of an epoch ending with the uninterrupt
 (same samples, same crops: augmentation is a function of (seed, epoch, sample)), and a damaged
 member ending every rank with one line naming the shard and the member."""
 import json
-import os
 import shutil
 
 import pytest
-import torch
 
-from conftest import PYTHON, assert_job_failed_with, launch
+from conftest import PYTHON, assert_job_failed_with, assert_weights_equal, digits_shards, launch
 from hvdtrain import shards
-from hvdtrain.datasets import write_digits_imagefolder
 
 pytestmark = pytest.mark.slow
 
@@ -20,11 +17,7 @@ VAL = 49  # odd: one rank validates one sample more, each sample counted once
 
 @pytest.fixture(scope="module")
 def shard_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shards")
-    folder = write_digits_imagefolder(str(d / "folder"), per_class_train=20, per_class_val=5, size=24, fmt="jpg")
-    os.unlink(os.path.join(folder, "val", "9", "0004.jpg"))
-    shards.write(str(d / "shards"), *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
-    return str(d / "shards")
+    return digits_shards(str(tmp_path_factory.mktemp("shards")))
 
 
 def train(tmp_path, data_dir, name, *extra, check=True):
@@ -34,12 +27,6 @@ def train(tmp_path, data_dir, name, *extra, check=True):
                                "--base-lr", "0.01", "--threads-per-rank", "1", "--num-workers", "1",
                                "--log-interval", "4", "--result-json", str(result), *extra], timeout=180, check=check)
     return json.loads(result.read_text()) if check else run
-
-
-def weights(ckpt_dir):
-    from hvdtrain.checkpoint import latest_checkpoint
-
-    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
 
 
 def test_a_resume_from_shards_mid_epoch_ends_with_the_uninterrupted_weights(shard_dir, tmp_path):
@@ -52,11 +39,7 @@ def test_a_resume_from_shards_mid_epoch_ends_with_the_uninterrupted_weights(shar
     assert part["global_step"] == 17
     rest = train(tmp_path, shard_dir, "rest", "--checkpoint-dir", str(tmp_path / "part"))
     assert rest["global_step"] == 24 and rest["history"][-1]["val_count"] == VAL
-    a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
-    assert a.keys() == b.keys()
-    for key in a:
-        diff = (a[key].double() - b[key].double()).abs().max().item()
-        assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
+    assert_weights_equal(tmp_path / "whole", tmp_path / "part")
 
 
 def test_a_damaged_member_ends_every_rank_with_one_line(shard_dir, tmp_path):

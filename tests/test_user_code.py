@@ -5,9 +5,8 @@ for real."""
 import json
 
 import pytest
-import torch
 
-from conftest import PYTHON, REPO, launch
+from conftest import PYTHON, REPO, assert_weights_equal, launch
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -47,20 +46,11 @@ def test_fit_trains_a_users_model_data_and_loss_under_ddp(tmp_path):
     assert result["backend"] == "ddp" and result["world_size"] == 2 and result["launcher"] == "torchrun"
 
 
-def _weights(ckpt_dir):
-    from hvdtrain.checkpoint import latest_checkpoint
-
-    return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
-
-
 def assert_same_weights(uninterrupted_dir, resumed_dir):
-    a, b = _weights(uninterrupted_dir), _weights(resumed_dir)
-    assert a.keys() == b.keys() and any("running_mean" in k for k in a)
-    for key in a:
-        # The BatchNorm statistics are averaged over the ranks at each checkpoint, the extra one
-        # too: equal up to float rounding (an average is linear in what it averages).
-        diff = (a[key].double() - b[key].double()).abs().max().item()
-        assert diff <= 1e-6, f"{key} differs by {diff} after the resume"
+    # The BatchNorm statistics are averaged over the ranks at each checkpoint, the extra one
+    # too: equal up to float rounding (an average is linear in what it averages).
+    state = assert_weights_equal(uninterrupted_dir, resumed_dir)
+    assert any("running_mean" in k for k in state)
 
 
 def test_fit_under_horovod_interrupted_and_resumed_ends_with_the_uninterrupted_weights(tmp_path, slurm_cluster):

@@ -59,16 +59,8 @@ class EncodedImages:
             self.read, self.where = inner.reader.read, inner.reader.where
         elif isinstance(inner, ImageFolder) and inner.loader is images.load_file:
             samples = inner.samples
-
-            def read(i):
-                path, label = samples[i]
-                try:
-                    with open(path, "rb") as f:
-                        return f.read(), label
-                except OSError as err:
-                    raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
-
-            self.read, self.where = read, lambda i: samples[i][0]
+            self.read = lambda i: (images.read_file(samples[i][0]), samples[i][1])
+            self.where = lambda i: samples[i][0]
         else:
             raise UsageError("--loader dali reads image files: --dataset imagefolder or --dataset shards")
         self.length = len(inner)

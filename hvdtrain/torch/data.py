@@ -137,20 +137,20 @@ def val_loader(dataset, cfg, rank: int, world_size: int):
 
 
 def _loader(dataset, cfg, **kwargs) -> DataLoader:
-    if _workers(dataset, cfg):
-        unguarded = workers.unguarded_main()
-        if unguarded:
-            path, line = unguarded
-            raise UsageError(f"{path} trains at its top level (line {line}): DataLoader worker processes import it "
-                             "again and would each start training; put the training under `if __name__ == "
-                             "\"__main__\":` (or pass num_workers=0)")
-    if not _workers(dataset, cfg):
+    num_workers = _workers(dataset, cfg)
+    unguarded = workers.unguarded_main() if num_workers else None
+    if unguarded:
+        path, line = unguarded
+        raise UsageError(f"{path} trains at its top level (line {line}): DataLoader worker processes import it "
+                         "again and would each start training; put the training under `if __name__ == "
+                         "\"__main__\":` (or pass num_workers=0)")
+    if not num_workers:
         gatherable = _gatherable(dataset)
         if gatherable:
             return DataLoader(_Gathered(dataset, gatherable, kwargs.get("pin_memory", False)), num_workers=0,
                               collate_fn=_collate_gathered, **kwargs)
         return DataLoader(dataset, num_workers=0, **kwargs)
-    return DataLoader(dataset, num_workers=cfg.num_workers, multiprocessing_context=workers.worker_context(),
+    return DataLoader(dataset, num_workers=num_workers, multiprocessing_context=workers.worker_context(),
                       worker_init_fn=workers.init_worker, **kwargs)
 
 

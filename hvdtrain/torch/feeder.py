@@ -35,7 +35,6 @@ class DeviceFeeder:
         self.loader, self.device, self.prepare, self.depth = loader, torch.device(device), prepare, depth
         self.threaded = threaded
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._thread = None
 
     def __len__(self):
         return len(self.loader)
@@ -101,8 +100,8 @@ class DeviceFeeder:
             except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
                 put(err)
 
-        self._thread = threading.Thread(target=feed, name="hvdtrain-feeder", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=feed, name="hvdtrain-feeder", daemon=True)
+        thread.start()
         try:
             while True:
                 item = out.get()
@@ -113,6 +112,5 @@ class DeviceFeeder:
                 yield self._ready(item)
         finally:
             stop.set()
-            self._thread.join()
-            self._thread = None
+            thread.join()
             del batches  # the loader's workers end here, not at the next collection

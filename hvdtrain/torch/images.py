@@ -60,14 +60,18 @@ def decode(data: bytes, where: str) -> torch.Tensor:
         raise datasets.BadSample(f"cannot read image {where} ({reason})") from None
 
 
-def load_file(path: str) -> torch.Tensor:
-    """torchvision ImageFolder's `loader`, to uint8."""
+def read_file(path: str) -> bytes:
+    """An image file's bytes; one that cannot be read is one line naming it."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as err:
         raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
-    return decode(data, path)
+
+
+def load_file(path: str) -> torch.Tensor:
+    """torchvision ImageFolder's `loader`, to uint8."""
+    return decode(read_file(path), path)
 
 
 def train_augment(size: int):

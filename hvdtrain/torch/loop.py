@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 import torch
@@ -99,7 +98,7 @@ class Run:
         self.batches_in_epoch = self.batching = self.resumed_batching = None  # (ranks, batch_size)
         self._prepared: list = []           # the optimizers prepare() wrapped
         self.saving_to = None               # (directory, model, optimizer) of run.resume(): interval checkpoints
-        self.last_checkpoint_at = time.monotonic()
+        self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -155,14 +154,14 @@ class Run:
         """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s.
         With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
         on every rank: a number of steps, or rank 0's clock, which votes here)."""
-        steps, seconds = self.cfg.checkpoint_interval
-        timed = bool(seconds) and self.is_rank0 and time.monotonic() - self.last_checkpoint_at >= seconds
-        mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), timed], dtype=np.float64)
+        interval = self.checkpoint_interval
+        mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), interval.vote()],
+                        dtype=np.float64)
         usr1, term, timed = self.backend.allreduce_sum(mine, "stop_vote")
         self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
         at = self.position
         mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
-        if not self.stopped_by and mid_epoch and ((steps and at.global_step % steps == 0) or timed):
+        if not self.stopped_by and interval.due(at.global_step, mid_epoch, timed > 0):
             if self.saving_to is None:
                 raise UsageError("start(checkpoint_every=) writes into run.resume()'s directory: call "
                                  "run.resume(checkpoint_dir, model, optimizer) before the loop")
@@ -233,7 +232,7 @@ class Run:
                 error = (f"could not write a checkpoint in {checkpoint_dir} ({err.strerror or err}); the newest "
                          f"is still {ckpt.latest_checkpoint(checkpoint_dir) or 'none'}")
         error = self.backend.broadcast_object(error, "loop_checkpoint_written")
-        self.last_checkpoint_at = time.monotonic()
+        self.checkpoint_interval.written()
         self.watchdog.beat(where="after writing a checkpoint")
         if error:
             raise UsageError(error)
