@@ -43,6 +43,105 @@ def signal_masks(pid: int) -> dict[str, int]:
         return {k: int(v, 16) for k, v in (line.split(":\t") for line in f) if k in ("SigBlk", "SigIgn")}
 
 
+@pytest.fixture(autouse=True)
+def no_kept_workers():
+    """Each test's kept loaders (data._kept_loader) end with it."""
+    yield
+    data.close_loaders()
+
+
+class SeededNoise(Dataset):
+    """Sample i: a draw from torch's generator (as a random augmentation), and the loading pid."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([torch.rand(()).item(), os.getpid()], dtype=torch.float64), i
+
+
+def test_workers_are_kept_across_epochs_and_augment_each_epoch_as_fresh_workers_would():
+    """One loader and its workers for the whole run, in training and validation; SeededSamples
+    still draws epoch 1's augmentation in workers that started in epoch 0 (they hold epoch 0's
+    copy of the dataset): the same draws as the main process without workers."""
+    def epochs(workers):
+        dataset, cfg = data.SeededSamples(SeededNoise(), seed=3), config(workers)
+        loaders, seen = [], []
+        for epoch in (0, 1):
+            loader = data.train_loader(dataset, cfg, 0, 1, epoch=epoch, skip_batches=1 if epoch else 0)
+            loaders.append(loader)
+            seen.append(torch.cat([x for x, _ in loader]))
+        return loaders, seen
+
+    loaders, kept = epochs(workers=2)
+    _, plain = epochs(workers=0)
+    assert loaders[0] is loaders[1] and loaders[0].persistent_workers
+    assert {float(p) for p in kept[0][:, 1]} == {float(p) for p in kept[1][:, 1]}, "workers were started again"
+    assert len({float(p) for p in kept[1][:, 1]}) == 2 and os.getpid() not in set(kept[1][:, 1].tolist())
+    assert len(kept[1]) == 6  # epoch 1 resumed after its first batch (skip_batches=1)
+    for epoch in (0, 1):
+        assert torch.equal(kept[epoch][:, 0], plain[epoch][:, 0]), epoch
+    assert not torch.equal(kept[0][2:, 0], kept[1][:, 0])  # and epoch 1 is not epoch 0 again
+
+    val = [data.val_loader(ProcessProbe(), config(workers=2), 0, 1)] * 2
+    probe = ProcessProbe()
+    passes = [data.val_loader(probe, config(workers=2), 0, 1) for _ in range(2)]
+    assert passes[0] is passes[1] and val[0] is not passes[0]
+    pids = [{int(p) for p in torch.cat(list(loader))[:, 0]} for loader in passes]
+    assert pids[0] == pids[1] and len(pids[0]) == 2
+
+
+class SlowSample(Dataset):
+    served = 0  # in each worker
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        SlowSample.served += 1
+        if SlowSample.served > 2:
+            time.sleep(60)  # a decode that has not finished when the rank exits
+        return torch.tensor([os.getpid()])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("end", ["exit", "close"])
+def test_kept_workers_end_with_the_rank_even_mid_epoch_and_busy(end):
+    """A rank that stops in the middle of an epoch while its kept workers are decoding (a stop
+    signal's checkpoint, --steps) ends at once: at the interpreter's exit, or by close_loaders.
+    Workers ignore SIGTERM, which is how torch and multiprocessing end live workers at exit:
+    before, the exit's join waited forever for them."""
+    script = textwrap.dedent(f"""
+        import os, sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from hvdtrain.torch import data
+        from test_torch_workers import SlowSample, config
+        loader = data.train_loader(SlowSample(), config(workers=2), 0, 1, epoch=0, skip_batches=0)
+        it = iter(loader)
+        next(it)
+        print(*[w.pid for w in it._workers], flush=True)
+        time.sleep(0.5)
+        if {end!r} == "close":
+            data.close_loaders()
+            print("closed", flush=True)
+    """)
+    rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        workers = [int(p) for p in rank.stdout.readline().split()]
+        assert len(workers) == 2
+        started = time.monotonic()
+        rank.wait(timeout=60)
+        took = time.monotonic() - started
+        assert rank.returncode == 0 and took < 15, (rank.returncode, took)  # torch alone: 20 s or more
+        assert not any(map(alive, workers)), "a kept worker outlived its rank"
+        if end == "close":
+            assert "closed" in rank.stdout.read()
+    finally:
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+
+
 def test_in_memory_data_starts_no_worker_in_training_or_validation():
     digits = data.ArrayDataset(torch.zeros(20, 1).numpy(), torch.zeros(20, dtype=torch.int64).numpy())
     cfg = config(workers=2)
@@ -110,10 +209,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
-
-
-if __name__ == "__main__":
-    pytest.main([__file__, "-v"])
 
 
 def test_rank_pids_takes_the_rank_never_a_child_with_its_command_line(tmp_path):

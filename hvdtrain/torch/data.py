@@ -2,6 +2,7 @@
 samplers, which take rank and world size as plain numbers."""
 from __future__ import annotations
 
+import atexit
 import itertools
 
 import torch
@@ -36,8 +37,11 @@ class SeededSamples(Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def __getitem__(self, i):
-        torch.manual_seed((self.seed * 1_000_003 + self.epoch * 1_000_000_007 + i) % (2**63))
+    def __getitem__(self, key):
+        # (epoch, i) from train_loader's sampler: workers kept across epochs hold the copy of this
+        # dataset made when they started, whose `epoch` is the first one's.
+        epoch, i = key if isinstance(key, tuple) else (self.epoch, key)
+        torch.manual_seed((self.seed * 1_000_003 + epoch * 1_000_000_007 + i) % (2**63))
         return self.dataset[i]
 
 
@@ -53,6 +57,33 @@ class SkipSampler(Sampler):
 
     def __len__(self):
         return max(0, len(self.sampler) - self.skip)
+
+
+class _WithEpoch(Sampler):
+    """`sampler`'s indices as (epoch, index): see SeededSamples."""
+
+    def __init__(self, sampler, epoch: int):
+        self.sampler, self.epoch = sampler, epoch
+
+    def __iter__(self):
+        return ((self.epoch, i) for i in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+
+class _CurrentSampler(Sampler):
+    """The sampler of a loader kept across epochs (see _kept_loader): this epoch's, set before
+    each iteration. The indices are drawn in the rank's process, so a new one takes effect there."""
+
+    def __init__(self):
+        self.current = ()
+
+    def __iter__(self):
+        return iter(self.current)
+
+    def __len__(self):
+        return len(self.current)
 
 
 def build_datasets(cfg):
@@ -103,10 +134,12 @@ def _epoch_sampler(dataset, cfg, rank: int, world_size: int, epoch: int) -> Dist
 
 
 def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int):
-    sampler = _epoch_sampler(dataset, cfg, rank, world_size, epoch)
     batch = cfg.batch_size * cfg.batches_per_allreduce
-    return _loader(dataset, cfg, batch_size=batch, sampler=SkipSampler(sampler, skip_batches * batch),
-                   drop_last=True, pin_memory=torch.cuda.is_available())
+    sampler = SkipSampler(_epoch_sampler(dataset, cfg, rank, world_size, epoch), skip_batches * batch)
+    if isinstance(dataset, SeededSamples):
+        sampler = _WithEpoch(sampler, epoch)
+    return _kept_loader(("train", rank, world_size, batch), dataset, cfg, sampler,
+                        batch_size=batch, drop_last=True, pin_memory=torch.cuda.is_available())
 
 
 def rank_batches(dataset, cfg, rank: int, world_size: int, epoch: int) -> list[list[int]]:
@@ -128,15 +161,71 @@ def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_bat
 def val_loader(dataset, cfg, rank: int, world_size: int):
     # Not a DistributedSampler: it pads with duplicates so that shards are equal. Here every
     # validation sample is seen exactly once; metrics are reduced as (sum, count).
-    # Pinned batches: the copy to the GPU is asynchronous. Workers are not kept between passes
-    # (persistent_workers): ours block the stop signals (hvdtrain/torch/workers.py), so the
-    # SIGTERM with which multiprocessing ends live workers at the interpreter's exit does not
-    # end them, and its join then waits forever (seen); a new worker starts in milliseconds.
-    shard = Subset(dataset, datasets.exact_shard(len(dataset), rank, world_size))
-    return _loader(shard, cfg, batch_size=cfg.batch_size, shuffle=False, pin_memory=torch.cuda.is_available())
+    # Pinned batches: the copy to the GPU is asynchronous.
+    indices = datasets.exact_shard(len(dataset), rank, world_size)
+    return _kept_loader(("val", rank, world_size, cfg.batch_size), dataset, cfg, range(len(indices)),
+                        shard=indices, batch_size=cfg.batch_size, pin_memory=torch.cuda.is_available())
 
 
-def _loader(dataset, cfg, **kwargs) -> DataLoader:
+# Loaders whose workers are kept from one epoch (or validation pass) to the next, by (role, rank,
+# world size, batch size, id of the dataset): (dataset, loader, its _CurrentSampler).
+_kept: dict = {}
+
+
+def _kept_loader(key: tuple, dataset, cfg, sampler, shard=None, **kwargs) -> DataLoader:
+    """A loader over `dataset` (or its Subset `shard`) drawing `sampler`'s indices. With workers,
+    one loader per key for the whole run, its workers kept (persistent_workers): a worker starts
+    in milliseconds from the forkserver, but then imports the user's script and its modules again
+    (seen: 12 s an epoch for 2 workers), and its first batches leave the step waiting."""
+    shown = dataset if shard is None else Subset(dataset, shard)
+    if not _workers(shown, cfg):
+        return _loader(shown, cfg, sampler=sampler, **kwargs)
+    key = (*key, id(dataset), cfg.num_workers)
+    kept = _kept.get(key)
+    if kept is None or kept[0] is not dataset:
+        current = _CurrentSampler()
+        kept = _kept[key] = (dataset, _loader(shown, cfg, sampler=current, persistent_workers=True,
+                                              loader_class=_KeptLoader, **kwargs), current)
+    kept[2].current = sampler
+    return kept[1]
+
+
+class _KeptLoader(DataLoader):
+    def __iter__(self):
+        iterator = super().__iter__()
+        # At the interpreter's exit, close_loaders runs before torch's handler for persistent
+        # workers (registered as the iterator was made) and multiprocessing's: last in, first out.
+        atexit.unregister(close_loaders)
+        atexit.register(close_loaders)
+        return iterator
+
+
+def close_loaders() -> None:
+    """End the workers of the loaders kept across epochs, at once, even in the middle of a decode.
+    They ignore SIGTERM, which is how torch and multiprocessing end workers still alive at the
+    interpreter's exit: its join would then wait forever (seen, before loaders were kept); and
+    torch's own shutdown waits up to 10 s for each busy worker. So they are killed, after torch's
+    SIGCHLD check forgets them (it would call their end an error), then torch shuts down the rest
+    (its queues, its pinning thread)."""
+    from torch.utils.data._utils import signal_handling
+
+    while _kept:
+        _, (_, loader, _) = _kept.popitem()
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is None:
+            continue
+        if getattr(iterator, "_worker_pids_set", False):
+            signal_handling._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False
+        for worker in iterator._workers:
+            worker.kill()
+        for worker in iterator._workers:
+            worker.join(timeout=5)
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
+def _loader(dataset, cfg, loader_class=DataLoader, **kwargs) -> DataLoader:
     num_workers = _workers(dataset, cfg)
     unguarded = workers.unguarded_main() if num_workers else None
     if unguarded:
@@ -150,8 +239,8 @@ def _loader(dataset, cfg, **kwargs) -> DataLoader:
             return DataLoader(_Gathered(dataset, gatherable, kwargs.get("pin_memory", False)), num_workers=0,
                               collate_fn=_collate_gathered, **kwargs)
         return DataLoader(dataset, num_workers=0, **kwargs)
-    return DataLoader(dataset, num_workers=num_workers, multiprocessing_context=workers.worker_context(),
-                      worker_init_fn=workers.init_worker, **kwargs)
+    return loader_class(dataset, num_workers=num_workers, multiprocessing_context=workers.worker_context(),
+                        worker_init_fn=workers.init_worker, **kwargs)
 
 
 def _gatherable(dataset):

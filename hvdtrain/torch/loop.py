@@ -243,4 +243,5 @@ class Run:
                 and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
             self.log(requeue_slurm_job(self.job_id))
         self.watchdog.stop()
+        data.close_loaders()
         self.backend.shutdown()

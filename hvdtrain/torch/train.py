@@ -179,6 +179,12 @@ class Trainer(EpochTrainer):
     def _stats_to_host(self, stats):
         return stats.cpu().numpy() if torch.is_tensor(stats) else super()._stats_to_host(stats)
 
+    def finish(self, stopped_by):
+        try:
+            return super().finish(stopped_by)
+        finally:
+            data.close_loaders()  # the workers kept across epochs (hvdtrain/torch/data.py)
+
     def _rank_extras(self) -> dict:
         # Each rank's AMP loss scale: equal on every rank, or the ranks apply different updates.
         return {"grad_scale": self.scaler.get_scale() if self.scaler else None,
