@@ -105,12 +105,13 @@ class SlowSample(Dataset):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("end", ["exit", "close"])
+@pytest.mark.parametrize("end", ["exit", "close", "another loader"])
 def test_kept_workers_end_with_the_rank_even_mid_epoch_and_busy(end):
     """A rank that stops in the middle of an epoch while its kept workers are decoding (a stop
     signal's checkpoint, --steps) ends at once: at the interpreter's exit, or by close_loaders.
     Workers ignore SIGTERM, which is how torch and multiprocessing end live workers at exit:
-    before, the exit's join waited forever for them."""
+    before, the exit's join waited forever for them (seen under Accelerate, whose prepare copies
+    a loader). So do the workers of another loader on our forkserver, still alive at exit."""
     script = textwrap.dedent(f"""
         import os, sys, time, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -124,6 +125,12 @@ def test_kept_workers_end_with_the_rank_even_mid_epoch_and_busy(end):
         if {end!r} == "close":
             data.close_loaders()
             print("closed", flush=True)
+        if {end!r} == "another loader":
+            from torch.utils.data import DataLoader
+            from hvdtrain.torch import workers
+            other = iter(DataLoader(SlowSample(), batch_size=2, num_workers=2, worker_init_fn=workers.init_worker,
+                                    multiprocessing_context=workers.worker_context()))
+            next(other)
     """)
     rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)

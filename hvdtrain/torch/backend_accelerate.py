@@ -60,7 +60,8 @@ class AccelerateBackend(TorchDistributedBackend):
     def val_loader(self, dataset, cfg):
         # The whole set, sharded by Accelerate; it pads the last batches so that every rank has as
         # many, and gather_for_metrics drops the padding again.
-        return self.accelerator.prepare_data_loader(data.val_loader(dataset, cfg, 0, 1))
+        # Built once; Accelerate's copy keeps its workers across passes, ended with ours.
+        return data.close_with_kept(self.accelerator.prepare_data_loader(data.val_loader(dataset, cfg, 0, 1)))
 
     def gather_for_metrics(self, tensors):
         return self.accelerator.gather_for_metrics(tensors)

@@ -168,7 +168,8 @@ def val_loader(dataset, cfg, rank: int, world_size: int):
 
 
 # Loaders whose workers are kept from one epoch (or validation pass) to the next, by (role, rank,
-# world size, batch size, id of the dataset): (dataset, loader, its _CurrentSampler).
+# world size, batch size, id of the dataset): (dataset, loader, its _CurrentSampler). And loaders a
+# library made from one of those (Accelerate's prepare copies persistent_workers), by id.
 _kept: dict = {}
 
 
@@ -193,11 +194,36 @@ def _kept_loader(key: tuple, dataset, cfg, sampler, shard=None, **kwargs) -> Dat
 class _KeptLoader(DataLoader):
     def __iter__(self):
         iterator = super().__iter__()
-        # At the interpreter's exit, close_loaders runs before torch's handler for persistent
-        # workers (registered as the iterator was made) and multiprocessing's: last in, first out.
-        atexit.unregister(close_loaders)
-        atexit.register(close_loaders)
+        _close_at_exit()
         return iterator
+
+
+def _close_at_exit() -> None:
+    # At the interpreter's exit, _at_exit then runs before torch's handler for persistent
+    # workers (registered as an iterator is made) and multiprocessing's: last in, first out.
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """close_loaders, then any worker of ours still alive (a loader copied by a library that
+    close_with_kept was not told of): each would hold multiprocessing's exit join forever."""
+    import multiprocessing
+
+    close_loaders()
+    for child in multiprocessing.active_children():
+        if child._start_method == "forkserver" and child.is_alive():  # ours: hvdtrain/torch/workers.py
+            child.kill()
+            child.join(timeout=5)
+
+
+def close_with_kept(loader):
+    """`loader`, a library's copy of a kept loader (Accelerate's prepare_data_loader), whose
+    workers are kept too: ended by close_loaders with ours. Returns it."""
+    if getattr(loader, "persistent_workers", False):
+        _kept[("copy", id(loader))] = (None, loader, None)
+        _close_at_exit()
+    return loader
 
 
 def close_loaders() -> None:
