@@ -13,8 +13,10 @@ import hmac
 import os
 import re
 import secrets
+import shutil
 import socket
 import tempfile
+import threading
 import time
 
 from hvdtrain import options
@@ -76,6 +78,83 @@ class Interval:
         if not mid_epoch:
             return False
         return global_step % self.steps == 0 if self.steps else bool(self.seconds) and voted
+
+
+class Writer:
+    """Rank 0's checkpoint writes, one at a time: inline, or (`background`) on a thread of their
+    own while the next steps run. The caller hands over a state already copied to host memory;
+    the thread serialises it, signs it and renames it into place (atomic_write), then prunes. A
+    second write waits for the first to end, never overlaps it. A failed write is kept, with the
+    newest checkpoint at that moment, for the caller to say on every rank (`error`): never lost in
+    the thread."""
+
+    # Seconds each write sleeps after its first bytes: a slow parallel file system, for the test
+    # that kills rank 0 in the middle of a background write.
+    SLOW_WRITE = float(os.environ.get("HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE", "0") or 0)
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.failed: str | None = None  # the failed write's one line
+        self.written: str | None = None  # the last path written, until the caller says it
+
+    def write(self, path: str, write, *, signed: bool, keep: int, background: bool = False) -> None:
+        """Write `path` (write(fileobj) serialises the state), then keep the newest `keep`.
+        Inline, a failure raises OSError or the serialiser's error; in the background it is kept
+        for `error()`."""
+        self.wait()
+        if self.SLOW_WRITE:
+            write = self._slowed(write)
+        if not background:
+            self._write(path, write, signed, keep)
+            return
+        self.thread = threading.Thread(target=self._write_kept, args=(path, write, signed, keep),
+                                       name="hvdtrain-checkpoint-writer", daemon=True)
+        self.thread.start()
+
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+    def error(self) -> str | None:
+        """The failed write's line (once), or None."""
+        failed, self.failed = self.failed, None
+        return failed
+
+    def _write(self, path, write, signed, keep):
+        atomic_write(path, write, signed=signed)
+        prune(os.path.dirname(path), keep)
+        self.written = path
+
+    def _write_kept(self, path, write, signed, keep):
+        try:
+            self._write(path, write, signed, keep)
+        except BaseException as err:  # noqa: BLE001 - said by the caller on every rank
+            self.failed = write_failure(os.path.dirname(path), err)
+
+    def _slowed(self, write):
+        def slowed(f):  # the temporary file exists: a kill meanwhile is a kill mid-write
+            time.sleep(self.SLOW_WRITE)
+            write(f)
+        return slowed
+
+
+def write_failure(directory: str, err: BaseException) -> str:
+    """One line for a checkpoint that could not be written in `directory`, with the free space there
+    and the newest checkpoint, which is still whole."""
+    newest = latest_checkpoint(directory)
+    cause = err if isinstance(err, OSError) else err.__cause__ or err.__context__
+    # torch.save reports a full disk as "[enforce fail ...] unexpected pos": say how full it is.
+    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else \
+        (str(err).splitlines()[0] if str(err) else type(err).__name__)
+    try:
+        free = f"; {shutil.disk_usage(directory).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = ""
+    return f"could not write a checkpoint in {directory} ({reason}{free}); the newest checkpoint is still {newest or 'none'}"
 
 
 def current_umask() -> int:

@@ -101,6 +101,10 @@ class TrainConfig:
                                                   "every interval of time ('30m', '90s', '2h'; rank 0's clock, agreed "
                                                   "by every rank at a log interval): a crash without a signal then "
                                                   "costs that much", per_rank=False, resume=FREE)
+    checkpoint_write: str = opt("background", help="write --checkpoint-every's checkpoints on a thread while the next "
+                                                   "steps run, the state copied to host memory first (inline: between "
+                                                   "two steps, the GPU waiting; epoch ends and stops are always inline)",
+                                per_rank=False, resume=FREE, choices=("background", "inline"))
     resume: bool = opt(False, help="resume from the newest checkpoint (also automatic when --checkpoint-dir holds "
                                    "one)", per_rank=False, resume=FREE)
     keep_checkpoints: int = opt(3, help="checkpoints kept, the newest", per_rank=False, resume=FREE, at_least=1)
@@ -234,7 +238,7 @@ OPTION_GROUPS = {
                        "num_workers"),
     "optimisation": ("epochs", "steps", "batch_size", "batches_per_allreduce", "base_lr", "warmup_epochs",
                      "lr_schedule", "optimizer", "momentum", "weight_decay", "seed", "loop"),
-    "checkpoints and resume": ("checkpoint_dir", "checkpoint_every", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
+    "checkpoints and resume": ("checkpoint_dir", "checkpoint_every", "checkpoint_write", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
     "reliability": ("watchdog_seconds", "divergence_factor"),
     "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),
     "performance tuning": ("amp", "channels_last", "loader", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",

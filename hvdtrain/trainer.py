@@ -25,7 +25,6 @@ import abc
 import dataclasses
 import math
 import os
-import shutil
 import socket
 import time
 
@@ -87,6 +86,8 @@ class EpochTrainer(abc.ABC):
         self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
         self._said_data_bound = False  # the input-bound line: once a run
         self.checkpoint_interval = ckpt.Interval(self.cfg.checkpoint_interval, self.is_rank0)  # --checkpoint-every
+        self.writer = ckpt.Writer()  # rank 0's checkpoint writes
+        self.writing = False  # every rank: rank 0 writes a checkpoint in the background now
         self._check_outputs()
         self.stop = StopRequest()
         self.position = ckpt.Position()
@@ -208,8 +209,9 @@ class EpochTrainer(abc.ABC):
         """val_loss, val_acc and val_count over the whole validation set, on every rank."""
 
     @abc.abstractmethod
-    def _save_checkpoint(self) -> None:
-        """Rank 0: write the state at self.position (others return at once)."""
+    def _checkpoint_file(self) -> tuple[str, object, bool]:
+        """Rank 0: (path, write(fileobj), signed) of the state at self.position, that state copied
+        to host memory now: the write may run on a thread while the next steps change it."""
 
     @abc.abstractmethod
     def _state_arrays(self) -> list:
@@ -261,10 +263,31 @@ class EpochTrainer(abc.ABC):
         voted = False
         if mid_epoch:  # the vote is taken here (at an epoch's end it waits for the next epoch's steps)
             voted, self.meter.checkpoint_due = self.meter.checkpoint_due, False
+        if self.writing:
+            self._check_background_write()
         if not stop and self.checkpoint_interval.due(at.global_step, mid_epoch, voted):
-            self._checkpoint()  # the position in the middle of the epoch, as a stop signal's checkpoint
+            # The position in the middle of the epoch, as a stop signal's checkpoint; by default
+            # written on a thread while the next steps run (--checkpoint-write).
+            self._checkpoint(background=self.cfg.checkpoint_write == "background")
             self.checkpoint_interval.written()
         return stop
+
+    def _check_background_write(self) -> None:
+        """Every rank, after each step while rank 0 writes a checkpoint in the background: has it
+        ended, and how? A failure (disk full, a directory gone) ends every rank with rank 0's line
+        at the next step, not at the next checkpoint; a small reduction, only while a write runs."""
+        mine = [self.writer.busy(), self.writer.failed is not None] if self.is_rank0 else [False, False]
+        busy, failed = self.backend.allreduce_sum(np.array(mine, dtype=np.float64), "checkpoint_write")
+        if failed:
+            raise UsageError(self.backend.broadcast_object(self.writer.error(), "checkpoint_write_error"))
+        if not busy:
+            self.writing = False
+            self._say_written()
+
+    def _say_written(self) -> None:
+        if self.is_rank0 and self.writer.written:
+            self.reporter.info(f"checkpoint {self.writer.written}")
+            self.writer.written = None
 
     def epoch_steps_done(self) -> tuple[dict, str | None]:
         """The epoch's steps are over, all or stopped: every rank stops the clock together.
@@ -388,27 +411,29 @@ class EpochTrainer(abc.ABC):
         if error:
             raise UsageError(error)
 
-    def _checkpoint(self) -> None:
-        """Rank 0 writes a checkpoint; every rank learns whether it could, so that a failed write
-        (disk full, quota) ends every rank with its line instead of a hang or a traceback."""
+    def _checkpoint(self, background: bool = False) -> None:
+        """Rank 0 writes a checkpoint (inline, or on its writer's thread); every rank learns whether
+        it could, so that a failed write (disk full, quota) ends every rank with its line instead
+        of a hang or a traceback. A write still in the background is waited for first: its end,
+        or its failure, is said before anything else is written."""
         if not self.cfg.checkpoint_dir:
             return
         self.watchdog.beat(where="writing a checkpoint")
         self._average_statistics()  # the checkpoint holds every rank's BatchNorm statistics, not rank 0's
         error = None
         if self.is_rank0:
-            try:
-                self._save_checkpoint()
-            except Exception as err:  # noqa: BLE001 - reported to every rank, by path
-                newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
-                cause = err if isinstance(err, OSError) else err.__cause__ or err.__context__
-                # torch.save reports a full disk as "[enforce fail ...] unexpected pos": say how full it is.
-                reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else \
-                    (str(err).splitlines()[0] if str(err) else type(err).__name__)
-                free = shutil.disk_usage(self.cfg.checkpoint_dir).free
-                error = (f"could not write a checkpoint in {self.cfg.checkpoint_dir} ({reason}; {free / 2**20:.1f} "
-                         f"MiB free there); the newest checkpoint is still {newest or 'none'}")
+            self.writer.wait()
+            error = self.writer.error()
+            self._say_written()
+            if not error:
+                try:
+                    path, write, signed = self._checkpoint_file()
+                    self.writer.write(path, write, signed=signed, keep=self.cfg.keep_checkpoints, background=background)
+                    self._say_written()
+                except Exception as err:  # noqa: BLE001 - reported to every rank, by path
+                    error = ckpt.write_failure(self.cfg.checkpoint_dir, err)
         error = self.backend.broadcast_object(error, "checkpoint_written")
+        self.writing = background and not error
         self.watchdog.beat(where="after writing a checkpoint")
         if error:
             raise UsageError(error)

@@ -23,3 +23,68 @@ def test_a_bad_value_is_one_line(text):
 def test_it_needs_a_checkpoint_directory():
     with pytest.raises(UsageError, match="--checkpoint-every needs --checkpoint-dir"):
         TrainConfig(checkpoint_every="100")
+
+
+# ------------------------------------------------------------------ the background writer
+import errno  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+
+import torch  # noqa: E402
+
+from hvdtrain import checkpoint as ckpt  # noqa: E402
+from hvdtrain.torch.devices import copy_to_host  # noqa: E402
+
+
+def test_a_background_write_runs_while_the_caller_goes_on_and_the_next_waits_for_it(tmp_path):
+    """write() returns while the file is being written; the next write starts only once the first
+    is renamed into place (never two at once); retention counts both."""
+    release, order = threading.Event(), []
+
+    def slow(f):
+        order.append("first starts")
+        assert release.wait(10)
+        f.write(b"one")
+        order.append("first ends")
+
+    def fast(f):
+        order.append("second starts")
+        f.write(b"two")
+
+    writer = ckpt.Writer()
+    first, second = tmp_path / "ckpt-e0000-s00000005.pt", tmp_path / "ckpt-e0000-s00000010.pt"
+    writer.write(str(first), slow, signed=False, keep=1, background=True)
+    assert writer.busy() and not first.exists()  # the caller goes on meanwhile
+    threading.Timer(0.3, release.set).start()
+    writer.write(str(second), fast, signed=False, keep=1, background=True)  # waits for the first
+    writer.wait()
+    assert order == ["first starts", "first ends", "second starts"]
+    assert sorted(os.listdir(tmp_path)) == [second.name] and writer.error() is None  # keep=1 pruned the first
+
+
+def test_a_failed_background_write_is_kept_for_every_rank_and_the_previous_checkpoint_stays(tmp_path):
+    writer = ckpt.Writer()
+    good = tmp_path / "ckpt-e0000-s00000005.pt"
+    writer.write(str(good), lambda f: f.write(b"whole"), signed=False, keep=3)
+
+    def full(f):
+        f.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    writer.write(str(tmp_path / "ckpt-e0000-s00000010.pt"), full, signed=False, keep=3, background=True)
+    writer.wait()
+    line = writer.error()
+    assert line.startswith(f"could not write a checkpoint in {tmp_path} (No space left on device; ")
+    assert line.endswith(f"the newest checkpoint is still {good}") and "\n" not in line
+    assert writer.error() is None  # said once
+    assert os.listdir(tmp_path) == [good.name] and good.read_bytes() == b"whole"  # no temporary left
+
+
+def test_the_state_is_copied_to_host_memory_before_the_next_step_changes_it():
+    weight = torch.ones(3)
+    state = {"model": {"w": weight}, "optimizer": {"state": {0: {"momentum": [weight * 2]}}, "lr": 0.1}, "step": 5}
+    copied = copy_to_host(state)
+    weight.add_(1)  # the next optimizer step, in place
+    assert torch.equal(copied["model"]["w"], torch.ones(3))
+    assert torch.equal(copied["optimizer"]["state"][0]["momentum"][0], torch.full((3,), 2.0))
+    assert copied["optimizer"]["lr"] == 0.1 and copied["step"] == 5

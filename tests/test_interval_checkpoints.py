@@ -1,11 +1,14 @@
 """--checkpoint-every under mpirun -np 2: a rank killed with SIGKILL (no signal to catch: a node
-crash, the OOM killer) in the middle of an epoch costs the steps since the last interval
-checkpoint, not the epoch, and the rerun ends with the uninterrupted run's weights; a time
-interval is decided on rank 0's clock and agreed by every rank at the same step."""
+crash, the OOM killer) in the middle of an epoch, here rank 0 while its background writer is
+writing, costs the steps since the last interval checkpoint, not the epoch, and the rerun ends
+with the uninterrupted run's weights; a time interval is decided on rank 0's clock and agreed by
+every rank at the same step; a background write that fails (a full disk) ends every rank with one
+line at the next step."""
 import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -24,20 +27,23 @@ def step_of(path: str) -> int:
     return int(re.search(r"-s(\d+)\.pt$", path).group(1))
 
 
-def test_a_rank_killed_mid_epoch_resumes_at_the_last_interval_with_the_uninterrupted_weights(tmp_path):
+def test_rank0_killed_mid_epoch_while_writing_resumes_at_the_last_interval_with_the_uninterrupted_weights(tmp_path):
     whole, part = tmp_path / "whole", tmp_path / "part"
     launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(whole), "--checkpoint-every", "5"], timeout=180)
     assert [step_of(p) for p in list_checkpoints(str(whole))] == [5, 10, 15, 20, 21, 25, 30, 35, 40, 42]
 
-    # The same run, slowed on rank 1 (a sleep per step: the same numbers), SIGKILLed in epoch 2.
-    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.15"}
+    # The same run, slowed on rank 1 (a sleep per step: the same numbers), each write slowed to
+    # 0.6 s (several steps: the writes run in the background), rank 0 SIGKILLed in epoch 2 while
+    # a write is in flight (its temporary file is there).
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.1", "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
     proc = start_launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5"], env=env)
     deadline = time.monotonic() + 120
-    while not any(step_of(p) >= 25 for p in list_checkpoints(str(part))):
+    while not (any(step_of(p) >= 25 for p in list_checkpoints(str(part)))
+               and any(n.startswith(".tmp-hvdtrain-") and not n.endswith(".sig") for n in os.listdir(part))):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
-    [rank1] = rank_pids(str(part), 1)
-    os.kill(rank1, signal.SIGKILL)
+        time.sleep(0.02)
+    [rank0] = rank_pids(str(part), 0)
+    os.kill(rank0, signal.SIGKILL)
     killed, _ = finish_launch(proc, timeout=60)
     assert killed.returncode != 0
     newest = step_of(latest_checkpoint(str(part)))
@@ -46,9 +52,36 @@ def test_a_rank_killed_mid_epoch_resumes_at_the_last_interval_with_the_uninterru
     result = tmp_path / "rest.json"
     rest = launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5",
                                        "--result-json", str(result)], timeout=180)
+    assert "left by an interrupted checkpoint write" in rest.output, rest.output[-3000:]  # the half-written one
     assert f"resumed from {part}/ckpt-e0001-s{newest:08d}.pt" in rest.output, rest.output[-3000:]
     assert json.loads(result.read_text())["global_step"] == 42
     assert_weights_equal(whole, part)
+
+
+def test_a_failed_background_write_ends_every_rank_at_the_next_step(tmp_path, digits_checkpoints):
+    """A file system with room for one checkpoint and a half: the first interval checkpoint is
+    written (step 8), the second (step 16) fails in the writer's thread (no room for it beside the
+    first); every rank ends with its one line at the next step, before the epoch's end (step 21),
+    whose inline checkpoint would otherwise be the first to find out, exit 2."""
+    from conftest import assert_each_rank_failed_with, launch_each_rank_to_its_end
+
+    size = os.path.getsize(latest_checkpoint(digits_checkpoints))  # a checkpoint of this model
+    full = tmp_path / "small-fs"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.5)}", "tmpfs", str(full)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        run = launch_each_rank_to_its_end(2, ARGV[:-2] + ["--keep-checkpoints", "1", "--checkpoint-dir", str(full),
+                                                          "--checkpoint-every", "8"], timeout=180)
+        [first] = list_checkpoints(str(full))
+        assert step_of(first) == 8, first
+        assert_each_rank_failed_with(run, "hvdtrain.torch", f"could not write a checkpoint in {full} (", 2)
+        assert f"the newest checkpoint is still {first}" in run.output, run.output[-3000:]
+        assert "epoch 1.00: train loss" not in run.output, "the failure was said only at the epoch's end"
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
 
 
 def test_a_time_interval_is_agreed_by_every_rank_at_one_step(tmp_path):

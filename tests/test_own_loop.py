@@ -195,7 +195,8 @@ def test_the_stop_vote(new_run, monkeypatch):
     run.stop.signal_name = "SIGUSR1"
     assert run.should_stop() and run.stopped_by == "SIGUSR1"
     # Another rank had SIGTERM: scancel wins over the time-limit warning (no requeue).
-    monkeypatch.setattr(run.backend, "allreduce_sum", lambda values, name: np.array([1.0, 1.0, 0.0]))
+    # (The vote: SIGUSR1, SIGTERM, a timed checkpoint, rank 0's background write running, failed.)
+    monkeypatch.setattr(run.backend, "allreduce_sum", lambda values, name: np.array([1.0, 1.0, 0.0, 0.0, 0.0]))
     assert run.should_stop() and run.stopped_by == "SIGTERM"
 
 

@@ -4,6 +4,8 @@ resume hands every hook the checkpoint's position, the loop API moves the positi
 each epoch, and the position is stored in checkpoints under the keys of format 1."""
 from types import SimpleNamespace
 
+import os
+
 import numpy as np
 import pytest
 
@@ -80,8 +82,11 @@ class Recording(EpochTrainer):
     def _validate(self):
         return {"val_loss": 0.5, "val_acc": 0.75, "val_count": 10}
 
-    def _save_checkpoint(self):
-        self.checkpoints.append(self.position.to_checkpoint())
+    def _checkpoint_file(self):
+        at = self.position.to_checkpoint()
+        self.checkpoints.append(at)
+        return (os.path.join(self.cfg.checkpoint_dir, f"ckpt-e{at['epoch']:04d}-s{at['global_step']:08d}.pt"),
+                lambda f: f.write(b"state"), False)
 
     def _state_arrays(self):
         return [np.zeros(2)]

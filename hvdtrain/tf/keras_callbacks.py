@@ -32,9 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
-import zipfile
 
 import numpy as np
 
@@ -46,6 +44,7 @@ from hvdtrain.meter import stop_reason, stop_votes
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.tf import npz_checkpoint
 from hvdtrain.watchdog import Watchdog
 
 PROG = "hvdtrain.tf"
@@ -233,31 +232,22 @@ class Job:
         return {"model": model.weights, "optimizer": optimizer.variables()}
 
     def _load_newest(self, checkpoint_dir, model, optimizer) -> dict:
-        def read(path):
-            if not zipfile.is_zipfile(path):
-                raise ValueError("not an .npz archive")
-            with np.load(path, allow_pickle=False) as saved:
-                meta = json.loads(str(saved["meta"]))
-                return meta, {prefix: [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
-                              for prefix in ("model", "optimizer")}
-
         try:
-            path, found = ckpt.load_newest(checkpoint_dir, read, self.log)
+            path, found = ckpt.load_newest(checkpoint_dir, npz_checkpoint.read, self.log)
         except UsageError as err:
             return {"error": str(err)}
         if path is None:
             return {}
         meta, arrays = found
         # It reads but does not fit: no older one will.
-        for prefix, variables in self._checkpointed(model, optimizer).items():
-            values = arrays[prefix]
-            shapes = [tuple(v.shape) for v in variables], [a.shape for a in values]
-            if meta.get("written_by") != self.writer or shapes[0] != shapes[1]:
-                return {"error": f"checkpoint {path} does not fit this model and optimizer ({prefix}: "
-                                 f"{len(values)} arrays saved for {len(variables)} variables, or other shapes; "
-                                 f"written by {meta.get('written_by', 'the hvdtrain.tf trainer')})"}
-            for var, value in zip(variables, values):
-                var.assign(value)
+        variables = self._checkpointed(model, optimizer)
+        problem = npz_checkpoint.mismatch(variables, arrays)
+        written_by = meta.get("written_by", "the hvdtrain.tf trainer")
+        if written_by != self.writer:
+            problem = f"written by {written_by}, read by {self.writer}"
+        if problem:
+            return {"error": f"checkpoint {path} does not fit this model and optimizer ({problem})"}
+        npz_checkpoint.assign(variables, arrays)
         return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
                                                                 "history")}, "batching": meta.get("batching")}
 
@@ -266,21 +256,15 @@ class Job:
         position atomically, `extra` in its meta; a failure ends every rank."""
         error = None
         if self.is_rank0:
-            saved = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
-            weights, slots = ([v.numpy() for v in saved[prefix]] for prefix in ("model", "optimizer"))
-            # The trainer's npz layout (hvdtrain/tf/train.py): meta, model/i, optimizer/i.
-            meta = {"format_version": ckpt.FORMAT_VERSION, "written_by": self.writer, "world_size": self.world_size,
-                    **at.to_checkpoint(), "num_model": len(weights), "num_optimizer": len(slots), **(extra or {})}
-            arrays = {"meta": np.array(json.dumps(meta)), **{f"model/{i}": w for i, w in enumerate(weights)},
-                      **{f"optimizer/{i}": s for i, s in enumerate(slots)}}
-            path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "npz"))
+            variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
+            path, write = npz_checkpoint.capture(checkpoint_dir, at, variables, {
+                "written_by": self.writer, "world_size": self.world_size, **(extra or {})})
             try:
-                ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
+                ckpt.atomic_write(path, write)
                 ckpt.prune(checkpoint_dir, keep)
                 self.log(f"checkpoint {path}")
             except OSError as err:
-                error = (f"could not write a checkpoint in {checkpoint_dir} ({err.strerror or err}); the newest "
-                         f"is still {ckpt.latest_checkpoint(checkpoint_dir) or 'none'}")
+                error = ckpt.write_failure(checkpoint_dir, err)
         error = self.backend.broadcast_object(error, "keras_checkpoint_written")
         if error:
             raise UsageError(error)

@@ -13,9 +13,7 @@ arrays and loss given to hvdtrain.tf.fit (hvdtrain/tf/api.py). Import this modul
 """
 from __future__ import annotations
 
-import json
 import os
-import zipfile
 
 import numpy as np
 import tensorflow as tf
@@ -24,6 +22,7 @@ from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
+from hvdtrain.tf import npz_checkpoint
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.workload import TFWorkload, from_config
 from hvdtrain.trainer import EpochTrainer
@@ -138,27 +137,20 @@ class Trainer(EpochTrainer):
         """Rank 0: weights and optimizer slots from an .npz checkpoint, assigned now; returns its
         config and position (and no state: everything is in the variables already; the LR is a
         function of the step and this run's config)."""
-        if not zipfile.is_zipfile(path):
-            raise ValueError("not an .npz archive")
-        with np.load(path, allow_pickle=False) as saved:
-            meta = json.loads(str(saved["meta"]))
-            current = self._checkpoint_config()
-            # (--loop too: fit's tf_keras legacy optimizer and custom's Keras 3 one keep different slots.)
-            ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current)
-            # fit()'s loss too, which the command line does not take (so not among its keys).
-            saved_loss = meta["config"].get("loss", "cross_entropy")
-            if saved_loss != current["loss"]:
-                raise UsageError(f"checkpoint {path} does not match this run: loss: checkpoint {saved_loss!r}, this "
-                                 f"run {current['loss']!r} (use another checkpoint_dir)")
-            for prefix, variables in (("model", self.model.weights),
-                                      ("optimizer", self.loop.optimizer_variables())):
-                arrays = [saved[f"{prefix}/{i}"] for i in range(meta[f"num_{prefix}"])]
-                if len(arrays) != len(variables):
-                    raise ValueError(f"{len(arrays)} {prefix} arrays for {len(variables)} variables")
-                for var, value in zip(variables, arrays):
-                    if tuple(var.shape) != value.shape:
-                        raise ValueError(f"{prefix} variable {var.name}: shape {tuple(var.shape)} != saved {value.shape}")
-                    var.assign(value)
+        meta, arrays = npz_checkpoint.read(path)
+        current = self._checkpoint_config()
+        # (--loop too: fit's tf_keras legacy optimizer and custom's Keras 3 one keep different slots.)
+        ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current)
+        # fit()'s loss too, which the command line does not take (so not among its keys).
+        saved_loss = meta["config"].get("loss", "cross_entropy")
+        if saved_loss != current["loss"]:
+            raise UsageError(f"checkpoint {path} does not match this run: loss: checkpoint {saved_loss!r}, this "
+                             f"run {current['loss']!r} (use another checkpoint_dir)")
+        variables = self._checkpointed()
+        problem = npz_checkpoint.mismatch(variables, arrays)
+        if problem:
+            raise ValueError(problem)
+        npz_checkpoint.assign(variables, arrays)
         return meta["config"], ckpt.Position.from_checkpoint(meta), None
 
     # ------------------------------------------------------------------ the loop
@@ -209,23 +201,13 @@ class Trainer(EpochTrainer):
                 "val_count": count}
 
     # ------------------------------------------------------------------ checkpoints and results
-    def _save_checkpoint(self):
-        if not self.cfg.checkpoint_dir or not self.is_rank0:
-            return
-        weights = [v.numpy() for v in self.model.weights]
-        slots = [v.numpy() for v in self.loop.optimizer_variables()]
-        meta = {"format_version": ckpt.FORMAT_VERSION, "config": self._checkpoint_config(),
-                **self.position.to_checkpoint(),  # epoch, step_in_epoch, global_step, history
-                "num_model": len(weights), "num_optimizer": len(slots)}
-        arrays = {"meta": np.array(json.dumps(meta)),
-                  **{f"model/{i}": w for i, w in enumerate(weights)},
-                  **{f"optimizer/{i}": s for i, s in enumerate(slots)}}
-        at = self.position
-        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "npz"))
-        ckpt.atomic_write(path, lambda f: np.savez(f, **arrays))
-        ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
-        self.reporter.info(f"checkpoint {path}")
+    def _checkpointed(self) -> dict:
+        return {"model": self.model.weights, "optimizer": self.loop.optimizer_variables()}
 
+    def _checkpoint_file(self):
+        path, write = npz_checkpoint.capture(self.cfg.checkpoint_dir, self.position, self._checkpointed(),
+                                             {"config": self._checkpoint_config()})
+        return path, write, False
 
 
 def run(cfg: TrainConfig, keras, workload: TFWorkload | None = None) -> dict:

@@ -31,7 +31,7 @@ from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch import data, images
-from hvdtrain.torch.devices import rank_device
+from hvdtrain.torch.devices import copy_to_host, rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.watchdog import Watchdog
 
@@ -99,6 +99,7 @@ class Run:
         self._prepared: list = []           # the optimizers prepare() wrapped
         self.saving_to = None               # (directory, model, optimizer) of run.resume(): interval checkpoints
         self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
+        self.writer = ckpt.Writer()  # rank 0's checkpoint writes (interval ones in the background)
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -155,9 +156,16 @@ class Run:
         With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
         on every rank: a number of steps, or rank 0's clock, which votes here)."""
         interval = self.checkpoint_interval
-        mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), interval.vote()],
-                        dtype=np.float64)
-        usr1, term, timed = self.backend.allreduce_sum(mine, "stop_vote")
+        # Rank 0's background write (an interval checkpoint) rides in the same vote: its failure
+        # ends every rank at the next step.
+        writing = [self.writer.busy(), self.writer.failed is not None] if self.is_rank0 else [False, False]
+        mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), interval.vote(),
+                         *writing], dtype=np.float64)
+        usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "stop_vote")
+        if failed:
+            raise UsageError(self.backend.broadcast_object(self.writer.error(), "loop_checkpoint_write_error"))
+        if not busy:
+            self._say_written()
         self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
         at = self.position
         mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
@@ -165,7 +173,7 @@ class Run:
             if self.saving_to is None:
                 raise UsageError("start(checkpoint_every=) writes into run.resume()'s directory: call "
                                  "run.resume(checkpoint_dir, model, optimizer) before the loop")
-            self.save(*self.saving_to)
+            self.save(*self.saving_to, background=True)
         if self.stopped_by:
             self.log(f"stopped by {self.stopped_by} in epoch {self.position.epoch + 1} after "
                      f"{self.position.step_in_epoch} batch(es)")
@@ -213,35 +221,53 @@ class Run:
         return {"path": path, "position": ckpt.Position.from_checkpoint(state), "batching": state["batching"]}
 
     @exits_on_usage_error(PROG)
-    def save(self, checkpoint_dir: str, model, optimizer, *, keep: int = 3) -> None:
-        """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank."""
+    def save(self, checkpoint_dir: str, model, optimizer, *, keep: int = 3, background: bool = False) -> None:
+        """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank.
+        background: on a thread while your next steps run (the state copied to host memory
+        first); run.should_stop() then says its failure on every rank at the next step."""
         self.watchdog.beat(where="writing a checkpoint")
         self.backend.average_buffers(model)  # BatchNorm statistics of every rank, not rank 0's
         # Where a resume starts: the next epoch, or this one's unstepped batches (after a stop, a break).
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
         at, error = self.position.next_epoch() if done else self.position, None
         if self.is_rank0:
-            path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
-            state = {"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(), "optimizer":
-                     optimizer.state_dict(), "batching": self.batching, **at.to_checkpoint()}
-            try:
-                ckpt.atomic_write(path, lambda f: torch.save(state, f), signed=True)
-                ckpt.prune(checkpoint_dir, keep)
-                self.log(f"checkpoint {path}")
-            except OSError as err:
-                error = (f"could not write a checkpoint in {checkpoint_dir} ({err.strerror or err}); the newest "
-                         f"is still {ckpt.latest_checkpoint(checkpoint_dir) or 'none'}")
+            self.writer.wait()  # the write before this one, if in the background: its end said first
+            error = self.writer.error()
+            self._say_written()
+            if not error:
+                path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
+                state = copy_to_host({"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(),
+                                            "optimizer": optimizer.state_dict(), "batching": self.batching,
+                                            **at.to_checkpoint()})
+                try:
+                    self.writer.write(path, lambda f: torch.save(state, f), signed=True, keep=keep,
+                                      background=background)
+                    self._say_written()
+                except Exception as err:  # noqa: BLE001 - one line on every rank
+                    error = ckpt.write_failure(checkpoint_dir, err)
         error = self.backend.broadcast_object(error, "loop_checkpoint_written")
         self.checkpoint_interval.written()
         self.watchdog.beat(where="after writing a checkpoint")
         if error:
             raise UsageError(error)
 
+    def _say_written(self) -> None:
+        if self.writer.written and not self.writer.busy():
+            self.log(f"checkpoint {self.writer.written}")
+            self.writer.written = None
+
+    @exits_on_usage_error(PROG)
     def finish(self) -> None:
         """Last, every rank: after SIGUSR1 (Slurm's time-limit warning) rank 0 requeues the job."""
         if self.stopped_by == "SIGUSR1" and self.is_rank0 and self.job_id \
                 and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
             self.log(requeue_slurm_job(self.job_id))
+        if self.is_rank0:  # a background write still running: ended, its failure said
+            self.writer.wait()
+        error = self.backend.broadcast_object(self.writer.error() if self.is_rank0 else None, "loop_last_write")
+        self._say_written()
         self.watchdog.stop()
         data.close_loaders()
         self.backend.shutdown()
+        if error:
+            raise UsageError(error)

@@ -30,7 +30,7 @@ from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
 from hvdtrain.torch.workload import TorchWorkload, from_config
 from hvdtrain.torch.phases import CudaPhaseClock
-from hvdtrain.torch.devices import rank_device
+from hvdtrain.torch.devices import copy_to_host, rank_device
 
 PROG = "hvdtrain.torch"
 
@@ -298,10 +298,8 @@ class Trainer(EpochTrainer):
                 "val_count": count}
 
     # ------------------------------------------------------------------ checkpoints and results
-    def _save_checkpoint(self):
-        if not self.cfg.checkpoint_dir or not self.is_rank0:
-            return
-        state = {
+    def _checkpoint_file(self):
+        state = copy_to_host({
             "format_version": ckpt.FORMAT_VERSION,
             "config": self._checkpoint_config(),
             "model": self.raw_model.state_dict(),        # unwrapped: no "module." prefix
@@ -310,12 +308,10 @@ class Trainer(EpochTrainer):
             "scaler": self.scaler.state_dict() if self.scaler else None,
             **self.position.to_checkpoint(),  # epoch, step_in_epoch, global_step, history
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
-        }
+        })
         at = self.position
         path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
-        ckpt.atomic_write(path, lambda f: torch.save(state, f), signed=True)
-        ckpt.prune(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
-        self.reporter.info(f"checkpoint {path}")
+        return path, lambda f: torch.save(state, f), True
 
 
 def prepared(cfg: TrainConfig, workload: TorchWorkload) -> TrainConfig:
