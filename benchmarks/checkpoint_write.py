@@ -8,8 +8,12 @@ momentum, 205 MB) is large relative to its step, as a big model's is to its GPU 
 Each run is `python -m hvdtrain.torch` (one rank, --threads-per-rank compute threads, the rest of
 the machine free for the writer's thread, as on a GPU node); the three ways are alternated in each
 repeat so that a noisy spell of this shared machine hits them alike, and the median is printed.
-The cost is the step time against the run without interval checkpoints: the steps are timed by
-the trainer's meter, checkpoints in between included.
+Two figures: the step time against the run without interval checkpoints (the trainer's meter
+times the steps, checkpoints in between included; on a shared machine this moves by a few per
+cent from run to run), and what the training loop itself waited for checkpoints, per step: the
+checkpoint is taken between two steps, where the meter's `data` phase runs, so that phase's
+growth over the run without checkpoints is the wait (inline: the whole write; background: the
+copy of the state to host memory), which load moves much less.
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ import tempfile
 WAYS = {"none": [], "inline": ["--checkpoint-write", "inline"], "background": ["--checkpoint-write", "background"]}
 
 
-def run(way: str, args, work: str) -> float:
-    """img/s of one run."""
+def run(way: str, args, work: str) -> tuple[float, float, float]:
+    """(img/s, ms per step, ms of the `data` phase per step) of one run."""
     ckpt, result = os.path.join(work, f"ckpt-{way}"), os.path.join(work, f"{way}.json")
     every = [] if way == "none" else ["--checkpoint-every", str(args.every)]
     argv = [sys.executable, "-m", "hvdtrain.torch", "--model", args.model, "--dataset", "synthetic",
@@ -33,18 +37,20 @@ def run(way: str, args, work: str) -> float:
             "--synthetic-size", str(args.steps * args.batch_size), "--epochs", "1", "--validation", "off",
             "--threads-per-rank", str(args.threads), "--checkpoint-dir", ckpt, "--keep-checkpoints", "1",
             "--result-json", result, *every, *WAYS[way]]
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{way}: {' '.join(argv)} failed:\n{done.stderr[-3000:]}")
     rank = json.load(open(result))["ranks"][0]
     subprocess.run(["rm", "-rf", ckpt], check=True)
-    return rank["images_per_sec"]
+    return rank["images_per_sec"], sum(rank["phases_ms"].values()), rank["phases_ms"]["data"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50")
     p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--every", type=int, default=50, help="--checkpoint-every, in steps")
     p.add_argument("--threads", type=int, default=1, help="compute threads of the rank")
     p.add_argument("--repeats", type=int, default=2)
@@ -56,13 +62,18 @@ def main() -> None:
         order = list(WAYS) if repeat % 2 == 0 else list(WAYS)[::-1]
         for way in order:
             seen[way].append(run(way, args, work))
-            print(f"repeat {repeat + 1}: {way:10s} {seen[way][-1]:7.1f} img/s", flush=True)
-    base = statistics.median(seen["none"])
+            ips, step_ms, data_ms = seen[way][-1]
+            print(f"repeat {repeat + 1}: {way:10s} {ips:7.1f} img/s, {step_ms:6.1f} ms/step, data phase {data_ms:5.1f} ms",
+                  flush=True)
+    median = {way: [statistics.median(r[i] for r in seen[way]) for i in range(3)] for way in WAYS}
+    base_ips, base_step, base_data = median["none"]
     print(f"\n{args.model}, {args.image_size}px, batch {args.batch_size}, {args.steps} steps, a checkpoint every "
-          f"{args.every} steps, {args.threads} compute thread(s), written to {work}:")
+          f"{args.every} steps, {args.threads} compute thread(s), written to {work} (medians of {args.repeats}):")
     for way in WAYS:
-        ips = statistics.median(seen[way])
-        print(f"  {way:10s} {ips:7.1f} img/s  step time x{base / ips:.3f} of no interval checkpoints")
+        ips, _, data_ms = median[way]
+        wait = data_ms - base_data
+        print(f"  {way:10s} {ips:7.1f} img/s, step time x{base_ips / ips:.3f}; the loop waited {wait:5.1f} ms a step "
+              f"for checkpoints: {100 * wait / base_step:4.1f} % of the {base_step:.0f} ms step")
 
 
 if __name__ == "__main__":

@@ -228,6 +228,30 @@ SLOW_FIXTURES = {"slurm_cluster", "uninterrupted", "three_node_cluster", "site_s
                  "cluster_root", "digits_checkpoints"}
 
 
+# Seconds per test file in this run, set beside tests/durations.json's record at the end (budget.py).
+_file_seconds: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    import budget
+
+    try:
+        recorded = budget.load()["files"]
+    except (OSError, ValueError, KeyError):
+        return
+    over = [f"{path}: {seconds:.0f} s, on record {recorded[path]:.0f} s" for path, seconds in _file_seconds.items()
+            if path in recorded and seconds > budget.OVER_FACTOR * recorded[path] + budget.OVER_SLACK]
+    if over:
+        terminalreporter.write_sep("-", "test files over their recorded time (tests/budget.py)")
+        for line in over:
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):

@@ -15,11 +15,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import numpy as np
 import pytest
 
-from conftest import PYTHON, REPO, launch, usr1_to_rank0_once
+from conftest import (PYTHON, REPO, base_env, finish_launch, launch, rank_pids, start_launch,
+                      usr1_to_rank0_once)
+from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 from hvdtrain import errors
 from hvdtrain.config import TrainConfig
 
@@ -76,9 +79,82 @@ def test_tape_loop_stops_on_sigusr1_and_resumes_to_the_same_weights(tape_uninter
     assert "Traceback" not in first + second
 
 
+@pytest.mark.slow
+def test_tape_loop_killed_without_a_signal_resumes_at_its_interval_checkpoint(tape_uninterrupted, tmp_path):
+    """start_tape_loop(checkpoint_every=5): rank 1 SIGKILLed (no signal to catch) in epoch 3; the
+    rerun resumes at the newest interval checkpoint (written in the background), not at the
+    epoch's start, and ends with the weights of the run that was never stopped."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    argv = [PYTHON, EXAMPLE, "--checkpoint-dir", ckpt_dir, "--epochs", str(EPOCHS), "--checkpoint-every", "5"]
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.05"}  # (read by hvdtrain's rank 1 at each step)
+    proc = start_launch("mpirun", 2, argv, env=env)
+    deadline = time.monotonic() + 120
+    while not any(step_of(p) >= 50 for p in list_checkpoints(ckpt_dir)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    [rank1] = rank_pids(ckpt_dir, 1)
+    os.kill(rank1, signal.SIGKILL)
+    killed, _ = finish_launch(proc, timeout=60)
+    assert killed.returncode != 0
+    resumed_from = latest_checkpoint(ckpt_dir)
+    newest = step_of(resumed_from)
+    assert newest >= 50 and newest % BATCHES_PER_EPOCH and newest % 5 == 0, newest  # mid-epoch, on the interval
+    second = launch("mpirun", 2, argv, timeout=120).output
+    epoch, batches = divmod(newest, BATCHES_PER_EPOCH)
+    assert f"resumed from {resumed_from} at epoch {epoch + 1} after {batches} batch(es)" in second, second[-3000:]
+    sums, unstopped = checksums(second), checksums(tape_uninterrupted)
+    assert len(sums) == 2 and sums == unstopped, (sums, unstopped, second[-3000:])
+
+
+def step_of(path: str) -> int:
+    return int(re.search(r"-s(\d+)\.npz$", path).group(1))
+
+
 class OneRank:
     """Horovod's part on a single rank, for the checks made before any collective."""
     rank, local_rank, world_size, local_world_size, device = 0, 0, 1, 1, "cpu"
+
+    def broadcast_object(self, value, name):
+        return value
+
+    def broadcast_variables(self, variables):
+        pass
+
+    def average_variables(self, variables):
+        pass
+
+    def allreduce_sum(self, values, name):
+        return values
+
+
+@pytest.mark.parametrize("flavour", ["keras 3", "tf_keras", "tf_keras legacy"])
+def test_a_resume_keeps_this_runs_learning_rate(flavour, tmp_path):
+    """A checkpoint holds the LR of its run (it is among the optimizer's variables); a resume at
+    another world size has another LR (x ranks), which must win, with each Keras's optimizers
+    (the tf_keras path restored the checkpoint's before)."""
+    import importlib
+
+    keras = importlib.import_module("keras" if flavour == "keras 3" else "tf_keras")
+    make = keras.optimizers.legacy.SGD if flavour.endswith("legacy") else keras.optimizers.SGD
+    from hvdtrain.tf.tape_loop import TapeJob
+
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        cfg = TrainConfig(framework="tf", seed=0, watchdog_seconds=0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        first = TapeJob(keras, OneRank(), cfg, None)
+        written = make(learning_rate=0.1, momentum=0.9)
+        first.resume(str(tmp_path), model, written)
+        first.dataset((np.zeros((8, 3), np.float32), np.zeros(8, np.int64)), 4, 0)
+        first.save(str(tmp_path), model, written)
+        resumed = make(learning_rate=0.4, momentum=0.9)  # 4 ranks now: 4 x the LR
+        TapeJob(keras, OneRank(), cfg, None).resume(str(tmp_path), model, resumed)
+        assert float(np.asarray(resumed.learning_rate)) == pytest.approx(0.4)
+        momentum = resumed._get_hyper("momentum") if flavour.endswith("legacy") else resumed.momentum
+        assert float(np.asarray(momentum)) == pytest.approx(0.9)  # the rest of the optimizer as it was
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
 
 
 def test_bad_input_is_one_line(monkeypatch):

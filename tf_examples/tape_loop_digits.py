@@ -26,11 +26,13 @@ parser.add_argument("--epochs", type=int, default=8)
 parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--lr", type=float, default=0.05, help="for one rank; scaled by the number of ranks")
 parser.add_argument("--checkpoint-dir", default="tape_loop_checkpoints")
+parser.add_argument("--checkpoint-every", default=None,
+                    help="also checkpoint mid-epoch, every N steps or '30m' (a crash then costs that much)")
 args = parser.parse_args()
 
 # hvdtrain: before TensorFlow builds anything: hvd.init(), this rank's GPU and CPU threads, the stop
 # signals, the watchdog, the same seed on every rank.
-job = hvdtrain.tf.start_tape_loop(seed=0)
+job = hvdtrain.tf.start_tape_loop(seed=0, checkpoint_every=args.checkpoint_every)
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 

@@ -62,7 +62,8 @@ def start(seed: int | None = None, *, threads: int | None = None, watchdog_secon
     return start_job(Job, seed, threads, watchdog_seconds)
 
 
-def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_seconds: float | None) -> "Job":
+def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_seconds: float | None,
+              checkpoint_every: str | int | None = None) -> "Job":
     """start() for `job_class`, a Job (or hvdtrain/tf/tape_loop.py's TapeJob), on the Keras of its
     `loop` (keras_compat.select). One per process: a second call returns the first job (one of
     another class: refused)."""
@@ -75,8 +76,11 @@ def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_s
     from hvdtrain.tf import keras_compat
 
     keras = keras_compat.select(job_class.loop)  # before tensorflow is imported (below)
+    every = None if checkpoint_every is None else str(checkpoint_every)
+    # (checkpoint_every checked with a stand-in directory: the loop's resume() names the real one.)
     cfg = TrainConfig(framework="tf", loop=job_class.loop, seed=0 if seed is None else seed,
-                      watchdog_seconds=watchdog_seconds, threads_per_rank=threads)  # checks them
+                      watchdog_seconds=watchdog_seconds, threads_per_rank=threads, checkpoint_every=every,
+                      checkpoint_dir="job.resume's" if every else None)  # checks them
     env = ClusterEnv.from_environ()
     threads = threads_per_rank(threads, env.local_world_size)
     with _watched(cfg, env.rank, env.world_size, "starting Horovod"):  # a rank missing at hvd.init() hangs the rest
@@ -132,6 +136,7 @@ class Job:
         self.is_rank0 = self.rank == 0
         self.device = backend.device
         self.stop = StopRequest()  # from now on SIGUSR1/SIGTERM are remembered for fit's next vote
+        self.files = ckpt.Writer()  # rank 0's checkpoint writes
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -251,23 +256,33 @@ class Job:
         return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
                                                                 "history")}, "batching": meta.get("batching")}
 
-    def save(self, checkpoint_dir, model, at: ckpt.Position, keep: int, optimizer=None, extra=None) -> None:
+    def save(self, checkpoint_dir, model, at: ckpt.Position, keep: int, optimizer=None, extra=None,
+             background: bool = False) -> None:
         """Every rank: rank 0 writes weights, optimizer state (the model's, unless given) and
-        position atomically, `extra` in its meta; a failure ends every rank."""
+        position atomically, `extra` in its meta; a failure ends every rank. background: on rank
+        0's writer thread (the values copied first); its end is learnt by a later vote."""
         error = None
         if self.is_rank0:
-            variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
-            path, write = npz_checkpoint.capture(checkpoint_dir, at, variables, {
-                "written_by": self.writer, "world_size": self.world_size, **(extra or {})})
-            try:
-                ckpt.atomic_write(path, write)
-                ckpt.prune(checkpoint_dir, keep)
-                self.log(f"checkpoint {path}")
-            except OSError as err:
-                error = ckpt.write_failure(checkpoint_dir, err)
+            self.files.wait()  # the write before this one, if in the background: its end said first
+            error = self.files.error()
+            self.say_written()
+            if not error:
+                variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
+                path, write = npz_checkpoint.capture(checkpoint_dir, at, variables, {
+                    "written_by": self.writer, "world_size": self.world_size, **(extra or {})})
+                try:
+                    self.files.write(path, write, signed=False, keep=keep, background=background)
+                    self.say_written()
+                except Exception as err:  # noqa: BLE001 - one line on every rank
+                    error = ckpt.write_failure(checkpoint_dir, err)
         error = self.backend.broadcast_object(error, "keras_checkpoint_written")
         if error:
             raise UsageError(error)
+
+    def say_written(self) -> None:
+        if self.files.written and not self.files.busy():
+            self.log(f"checkpoint {self.files.written}")
+            self.files.written = None
 
     def vote(self) -> str | None:
         """Every rank: the stop signal any rank got (SIGTERM outweighs SIGUSR1: hvdtrain/meter.py), or None."""

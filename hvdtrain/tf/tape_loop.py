@@ -31,18 +31,23 @@ rank makes them at the same points (`dataset`, `shard`, `step_done`, `tape` and 
 `resume` (and `broadcast`, for a loop without checkpoints) builds the optimizer's variables, so
 every rank starts from rank 0's model *before* the first step. Checkpoints are .npz files of the
 model's variables (Dropout's random state too: a resumed run draws what an unstopped one would)
-and the optimizer's, written by rank 0 atomically through hvdtrain/tf/keras_callbacks.py's Job
-(the same code as hvdtrain.tf.callbacks'); a resume keeps this run's learning rate. Bad input ends
+and the optimizer's (hvdtrain/tf/npz_checkpoint.py), written by rank 0 atomically through
+hvdtrain/tf/keras_callbacks.py's Job (the same code as hvdtrain.tf.callbacks'); a resume keeps this
+run's learning rate. start_tape_loop(checkpoint_every=N or "30m") makes should_stop() also write
+one in the middle of epochs, in the background, so that a crash without a signal costs that much. Bad input ends
 every rank with one line, exit 2. Example: tf_examples/tape_loop_digits.py.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.errors import UsageError, exits_on_usage_error
+from hvdtrain.meter import stop_reason, stop_votes
+from hvdtrain.phases import injected_delay
 from hvdtrain.tf import keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
 from hvdtrain.watchdog import Watchdog
@@ -51,12 +56,23 @@ WRITER = "hvdtrain.tf.tape_loop"  # in each checkpoint's meta
 
 
 @exits_on_usage_error(PROG)
-def start(seed: int | None = 0, *, threads: int | None = None, watchdog_seconds: float | None = None) -> "TapeJob":
+def start(seed: int | None = 0, *, threads: int | None = None, watchdog_seconds: float | None = None,
+          checkpoint_every: str | int | None = None) -> "TapeJob":
     """Every rank, before TensorFlow builds anything: the Keras of a GradientTape loop (Keras 3,
     or tf_keras with TF_USE_LEGACY_KERAS=1), this rank's CPU threads, hvd.init() with hvdtrain's
     settings, this rank's GPU, the stop signals, Keras' random seed (the same on every rank; None:
-    unseeded), and the watchdog, armed until finish()."""
-    return keras_callbacks.start_job(TapeJob, seed, threads, watchdog_seconds)
+    unseeded), and the watchdog, armed until finish(). checkpoint_every: 2000 (steps) or '30m'
+    (rank 0's clock): should_stop() then also writes a checkpoint in the middle of the epoch, into
+    job.resume()'s directory, in the background."""
+    return keras_callbacks.start_job(TapeJob, seed, threads, watchdog_seconds, checkpoint_every)
+
+
+def _plain_learning_rate(keras, optimizer) -> float | None:
+    """The optimizer's learning rate as a number, or None when it is a schedule."""
+    lr = optimizer.learning_rate
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule) or callable(lr) and not hasattr(lr, "numpy"):
+        return None
+    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
 
 def _optimizer_variables(optimizer) -> list:
@@ -77,6 +93,9 @@ class TapeJob(Job):
         self.stopped_by: str | None = None
         self.position = ckpt.Position()  # the epoch, batches stepped in it, steps in all
         self.batches_in_epoch = self.batching = self.resumed_batching = None  # batching: [ranks, batch_size]
+        self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
+        self.saving_to = None  # (directory, model, optimizer) of resume(): where interval checkpoints go
+        self.slowed = injected_delay(self.rank)
 
     @exits_on_usage_error(PROG)
     def optimizer(self, optimizer):  # Job's, for model.fit
@@ -139,10 +158,31 @@ class TapeJob(Job):
         """After each optimizer step: the position (for save), the watchdog's heartbeat. Not collective."""
         self.position = self.position.after_step()
         self.watchdog.beat(self.position.global_step)
+        if self.slowed:
+            time.sleep(self.slowed)  # test-only: a rank made slow on purpose (hvdtrain/phases.py)
 
+    @exits_on_usage_error(PROG)
     def should_stop(self) -> bool:
-        """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s."""
-        self.stopped_by = self.vote()
+        """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s.
+        With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
+        on every rank: a number of steps, or rank 0's clock, which votes here), written in the
+        background; rank 0's writer (running, failed) rides in the same vote."""
+        interval, files = self.checkpoint_interval, self.files
+        writing = [files.busy(), files.failed is not None] if self.is_rank0 else [False, False]
+        mine = np.array([*stop_votes(self.stop.signal_name), interval.vote(), *writing], dtype=np.float64)
+        usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "tape_stop_vote")
+        if failed:
+            raise UsageError(self.backend.broadcast_object(files.error(), "tape_checkpoint_write_error"))
+        if not busy:
+            self.say_written()
+        self.stopped_by = stop_reason(usr1, term)
+        at = self.position
+        mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
+        if not self.stopped_by and interval.due(at.global_step, mid_epoch, timed > 0):
+            if self.saving_to is None:
+                raise UsageError("start_tape_loop(checkpoint_every=) writes into job.resume()'s directory: call "
+                                 "job.resume(checkpoint_dir, model, optimizer) before the loop")
+            self._save(*self.saving_to, keep=3, background=True)
         if self.stopped_by:
             self.log(f"stopped by {self.stopped_by} in epoch {self.position.epoch + 1} after "
                      f"{self.position.step_in_epoch} batch(es)")
@@ -198,15 +238,15 @@ class TapeJob(Job):
         (job.dataset then skips the batches a stopped epoch had done). None: only the broadcast."""
         self._check_model(model, optimizer, "job.resume()")
         self._build_optimizer(model, optimizer)
+        self.saving_to = (checkpoint_dir, model, optimizer) if checkpoint_dir else None
         self.watchdog.beat(where="resuming")
-        # This run's LR (scaled for its world size), not the one the checkpoint was written with.
-        learning_rate = getattr(optimizer, "_learning_rate", None)
-        if not any(learning_rate is v for v in _optimizer_variables(optimizer)):
-            learning_rate = None
-        kept = None if learning_rate is None else learning_rate.numpy()
+        # This run's LR (scaled for its world size), not the one the checkpoint was written with:
+        # the LR is among the saved variables (Keras 3's `_learning_rate`, a legacy tf_keras
+        # optimizer's hyperparameter); a schedule is a function of the step, restored with it.
+        kept = _plain_learning_rate(self.keras, optimizer)
         status = self._load_on_rank0(checkpoint_dir, model, optimizer)
-        if learning_rate is not None:
-            learning_rate.assign(kept)
+        if kept is not None:
+            optimizer.learning_rate = kept
         if status.get("path"):
             self.position = ckpt.Position.from_checkpoint(status["position"])
             self.resumed_batching = status.get("batching")
@@ -228,19 +268,32 @@ class TapeJob(Job):
         if self.batches_in_epoch is None:
             raise UsageError("job.save() writes where the loop is, which job.dataset() knows: take each epoch's "
                              "batches from job.dataset(arrays, batch_size, epoch)")
+        self._save(checkpoint_dir, model, optimizer, keep=keep)
+
+    def _save(self, checkpoint_dir: str, model, optimizer, keep: int, background: bool = False) -> None:
         self.watchdog.beat(where="writing a checkpoint")
         self.backend.average_variables(model.non_trainable_weights)  # Horovod averages gradients only
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
         at = self.position.next_epoch() if done else self.position
-        super().save(checkpoint_dir, model, at, keep, optimizer=optimizer, extra={"batching": self.batching})
+        super().save(checkpoint_dir, model, at, keep, optimizer=optimizer, extra={"batching": self.batching},
+                     background=background)
+        self.checkpoint_interval.written()
         self.watchdog.beat(where="after writing a checkpoint")
 
+    @exits_on_usage_error(PROG)
     def finish(self) -> None:
         """Last, every rank: after SIGUSR1 (Slurm's time-limit warning) rank 0 requeues the job
-        (not after SIGTERM: scancel); the watchdog stops; Horovod shuts down."""
+        (not after SIGTERM: scancel); a background write still running ends (its failure said on
+        every rank); the watchdog stops; Horovod shuts down."""
         self.requeue_if_asked(self.stopped_by)
+        if self.is_rank0:
+            self.files.wait()
+        error = self.backend.broadcast_object(self.files.error() if self.is_rank0 else None, "tape_last_write")
+        self.say_written()
         self.watchdog.stop()
         self.backend.shutdown()
+        if error:
+            raise UsageError(error)
 
 
 class _TfVariableSources:
