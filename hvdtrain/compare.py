@@ -235,8 +235,11 @@ def main(argv=None) -> None:
     args.smallest_np = nps[0]
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     # SIGTERM (scancel of the job, a kill) ends the comparison as Ctrl-C does: through run_one's
-    # clean-up of the launch in flight.
+    # clean-up of the launch in flight. SIGINT too, explicitly: a process started in the background
+    # of a script inherits SIGINT ignored, and Python then installs no handler of its own (seen:
+    # a suite run with `&` made `kill -INT` end nothing, and the comparison ran to its end).
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
 
     try:
         measurements = measure(args, workload, backends, nps)

@@ -14,6 +14,8 @@
 #   bash scripts/setup.sh --horovod site|build # keep the site's Horovod as it is, or build ours even
 #            when the site's works. Default (HVDTRAIN_HOROVOD=auto): the site's if it works as users
 #            use it (its ops; on Keras 3 a DistributedGradientTape step), else ours, saying why
+#   bash scripts/setup.sh --with-dali          # also NVIDIA DALI in the venv, for --loader dali (about
+#            700 MB; HVDTRAIN_DALI=1): the wheel of torch's CUDA version; not installed by default
 #   bash scripts/setup.sh --plan [options]     # print what set-up would do here, and why; change nothing
 # Every decision (mode, frameworks, extras, MPI, GPU ops, cache keys, the site Horovod's verdict)
 # is made in Python (scripts/setup_plan.py, from what scripts/stack.py observes; tested in

@@ -45,6 +45,7 @@ class Options:
     gpu: str = "auto"             # --gpu, --cpu, HVDTRAIN_GPU
     mpi: str = "auto"             # --mpi, HVDTRAIN_MPI
     horovod: str = "auto"         # --horovod site|build, HVDTRAIN_HOROVOD
+    dali: bool = False            # --with-dali, HVDTRAIN_DALI=1: NVIDIA DALI in the venv (--loader dali)
     python: str | None = None     # PYTHON: the interpreter the venv is made from
     system_site_packages: bool = True   # HVDTRAIN_SYSTEM_SITE_PACKAGES (cluster venvs)
     repo: str = "/repo"
@@ -189,6 +190,7 @@ def parse_options(argv: list[str], env: dict) -> Options:
     """setup.sh's flags (--help and --plan are the script's own) over its variables."""
     cache = env.get("HVDTRAIN_CACHE") or os.path.join(env.get("HOME", "~"), ".cache", "hvdtrain")
     asked = {"mode": "auto", "frameworks": "auto", "gpu": env.get("HVDTRAIN_GPU") or "auto",
+             "dali": env.get("HVDTRAIN_DALI", "0") == "1",
              "mpi": env.get("HVDTRAIN_MPI") or "auto", "horovod": env.get("HVDTRAIN_HOROVOD") or "auto"}
     args = list(argv)
     while args:
@@ -196,6 +198,8 @@ def parse_options(argv: list[str], env: dict) -> Options:
         name, eq, value = arg.partition("=")
         if arg in ("--bare", "--cluster"):
             asked["mode"] = arg[2:]
+        elif arg == "--with-dali":
+            asked["dali"] = True
         elif arg in ("--gpu", "--cpu"):
             asked["gpu"] = arg[2:]
         elif name in ("--frameworks", "--mpi", "--horovod"):
@@ -298,19 +302,56 @@ def missing_tools(mpi: str, facts: Facts, python: str) -> list[str]:
     return lines
 
 
-def extras_for(frameworks: tuple, tf_cuda: bool) -> str:
+def extras_for(frameworks: tuple, tf_cuda: bool, dali: bool = False, torch_cuda: str | None = None) -> str:
     """pyproject's extras: one per framework (TensorFlow's CUDA packages where asked for or where
-    GPUs are seen), and the comparison's optional torch backends beside torch."""
+    GPUs are seen), and the comparison's optional torch backends beside torch; NVIDIA DALI where
+    asked for (--with-dali), the wheel of torch's CUDA major version (13 where torch has none: its
+    CPU pipelines run from either)."""
     extras = ["test"] + [("tf-gpu" if tf_cuda else "tf") if fw == "tf" else fw for fw in frameworks]
-    return ",".join(extras + (["compare"] if "torch" in frameworks else []))
+    extras += ["compare"] if "torch" in frameworks else []
+    if dali:
+        if "torch" not in frameworks:
+            raise PlanError("--with-dali installs NVIDIA DALI for the torch trainer (--loader dali): add torch "
+                            "to --frameworks")
+        extras.append("dali-cuda12" if (torch_cuda or "").startswith("12.") else "dali")
+    return ",".join(extras)
+
+
+def install_inputs(pyproject: bytes, extras: str) -> bytes:
+    """What of pyproject.toml a venv's install uses: the build system, the dependencies and the
+    lists of the extras installed; comments, other extras, descriptions and tool settings are
+    left out, so that changing them makes no new venv (nor, in the tests, a new Horovod build).
+    Read line by line (a TOML parser is Python 3.11's): a key's value runs to the next key."""
+    wanted, kept, section, key = set(extras.split(",")), [], "", ""
+    for raw in pyproject.decode().splitlines():
+        line = "" if raw.lstrip().startswith("#") else raw.split(" #")[0].rstrip()
+        if not line.strip():
+            continue
+        if line.startswith("["):
+            section, key = line.strip("[] "), ""
+            continue
+        named = re.match(r"^([A-Za-z0-9_.-]+)\s*=", line)
+        if named:
+            key = named.group(1)
+        if section == "build-system" or (section == "project" and key in ("dependencies", "requires-python")) \
+                or (section == "project.optional-dependencies" and key in wanted):
+            kept.append(f"[{section}] {line.strip()}")
+    return "\n".join(kept).encode()
+
+
+def without_comments(text: bytes) -> bytes:
+    """A pip constraints file's lines, comments and blank lines left out."""
+    lines = (line.split("#")[0].strip() for line in text.decode().splitlines())
+    return "\n".join(line for line in lines if line).encode()
 
 
 def venv_key(mode: str, frameworks: tuple, extras: str, venv_flags: tuple, facts: Facts) -> str:
-    """The venv's stamp: redo the venv when any of this changes. The bytes hashed are exactly
-    those the bash set-up hashed, so that existing venvs stay valid."""
-    text = f"{mode} {' '.join(frameworks)} {extras} {' '.join(venv_flags)}\n".encode() + facts.pyproject
+    """The venv's stamp: redo the venv when any of this changes: what is installed, how, from
+    which requirements (install_inputs: not a comment's change)."""
+    text = f"{mode} {' '.join(frameworks)} {extras} {' '.join(venv_flags)}\n".encode() + \
+        install_inputs(facts.pyproject, extras)
     if mode == "bare":
-        text += facts.lock
+        text += without_comments(facts.lock)
     else:
         # On a cluster: redo when the site's frameworks change (a new module version).
         text += f"{facts.torch_version}\n{facts.tf_version}\n".encode()
@@ -505,7 +546,7 @@ def plan(facts: Facts) -> Plan:
     tf_cuda = o.gpu == "gpu" or (o.gpu == "auto" and facts.gpus_here)
     venv_flags = ("--system-site-packages",) if mode == "cluster" and o.system_site_packages else ()
     frameworks, frameworks_why = decide_frameworks(o.frameworks, mode, facts.importable)
-    extras = extras_for(frameworks, tf_cuda)
+    extras = extras_for(frameworks, tf_cuda, o.dali, facts.torch_cuda)
     key = venv_key(mode, frameworks, extras, venv_flags, facts)
     # PyPI's MPI is the venv's (none yet: set-up plans again once it is installed).
     mpi_probe = (facts.mpi_in_venv or MpiProbe()) if mpi == "pypi" else facts.mpi_on_path

@@ -509,8 +509,8 @@ def plan_command(args: list[str]) -> None:
     as_shell = "--shell" in args
     options = sp.parse_options([a for a in args if a != "--shell"], dict(os.environ))
     # Whatever the frameworks print while they are probed (TensorFlow's and absl's log lines) is
-    # neither the plan nor an answer for setup.sh's eval: both go to /dev/null meanwhile.
-    # Kept in a log (not shown): the tail is printed if probing fails.
+    # neither the plan nor an answer for setup.sh's eval: stdout and stderr both go to
+    # $HVDTRAIN_CACHE/logs/plan-probe.log meanwhile, not shown; its tail is printed if probing fails.
     log = os.path.join(options.cache, "logs", "plan-probe.log")
     os.makedirs(os.path.dirname(log), exist_ok=True)
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

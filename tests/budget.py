@@ -19,8 +19,11 @@ import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "durations.json")
-WARM_BUDGET_MINUTES = 25.0  # `.ci/run` in a fresh clone on a warm 2-core machine, set-up included
-SETUP_WARM_MINUTES = 1.0    # set-up's share of a warm run (every step cached)
+GOAL_MINUTES = 25.0      # `.ci/run` in a fresh clone on a warm 2-core machine, set-up included
+# The ratchet: the recorded suite may not grow past this. Lowered as the suite gets cheaper, never
+# raised: a new test is paid for by making old ones cheaper (DEVELOPERS.md), until GOAL_MINUTES.
+CEILING_MINUTES = 31.5  # 2026-11-26: 30.4 minutes of tests + set-up, measured
+SETUP_WARM_MINUTES = 1.0  # set-up's share of a warm run (every step cached)
 FAST_FILE_SECONDS = 20.0    # a file with no distributed test (no `slow` mark) takes at most this
 OVER_FACTOR, OVER_SLACK = 1.5, 15.0  # said at a run's end: over 1.5 x its record + 15 s
 
@@ -29,9 +32,9 @@ def per_file(junit_xml: str) -> dict[str, float]:
     """Seconds per test file of a pytest --junitxml report."""
     seconds: dict[str, float] = collections.defaultdict(float)
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
-        module = case.get("classname", "").split(".")[0] if case.get("classname") else ""
-        path = case.get("file") or f"tests/{module}.py"
-        seconds[os.path.join("tests", os.path.basename(path))] += float(case.get("time", 0))
+        # classname: tests.test_x, or tests.test_x.TestClass
+        module = next(part for part in case.get("classname", "").split(".") if part.startswith("test_"))
+        seconds[f"tests/{module}.py"] += float(case.get("time", 0))
     return dict(seconds)
 
 

@@ -39,7 +39,7 @@ BARE_WARM = dataclasses.replace(
     torch_version="2.14.1", tf_version="2.21.0", torch_cuda="13.0", torch_archs="sm_75,sm_80,sm_86,sm_90,sm_100,sm_120",
     nccl_home="/c/venv-py311/lib/python3.11/site-packages/nvidia/nccl", tf_include="/tf/include",
     horovod=sp.HorovodProbe("venv", "0.28.1", "/c/venv-py311/lib/python3.11/site-packages/horovod"),
-    hvdtrain_root="/repo", venv_stamp="6554bdd970af0999", horovod_stamp=WARM_KEY, cached_wheels=frozenset({WARM_KEY}))
+    hvdtrain_root="/repo", venv_stamp="4a5d1d5da5a74b1e", horovod_stamp=WARM_KEY, cached_wheels=frozenset({WARM_KEY}))
 
 # A cluster login node (no root, no apt): modules give Open MPI, GCC, Python and a CUDA 12.1
 # torch (no TensorFlow) on PYTHONPATH; the user's venv is layered on them and runs.
@@ -87,15 +87,66 @@ def test_bare_needs_root():
 
 def test_warm_bare_machine_does_nothing_and_keeps_its_keys():
     p = sp.plan(BARE_WARM)
-    # The bytes set-up's bash hashed: `echo "$MODE $FRAMEWORKS $EXTRAS ${VENV_FLAGS[*]:-}"`,
-    # pyproject.toml, the lock (`printf ... | sha256sum | cut -c1-16` gives 6554bdd970af0999).
-    assert p.venv_key == "6554bdd970af0999"
+    # "$MODE $FRAMEWORKS $EXTRAS $VENV_FLAGS", what pyproject.toml's install uses (install_inputs)
+    # and the lock without comments: a key that stays as it is from run to run.
+    assert p.venv_key == "4a5d1d5da5a74b1e"
     assert p.hvd_key == WARM_KEY and p.wheel_dir == f"/c/wheels/{WARM_KEY}"
     assert not (p.apt_step or p.venv_create or p.venv_step or p.editable or p.horovod_build or p.horovod_install)
     assert p.system_line == "step 'system': MPI /usr/bin/mpicc, launcher /usr/bin/srun, Python 3.11.2"
     assert (p.horovod, p.gpu_ops, p.cuda_dir) == ("build", "nccl", "/usr/local/cuda-13.0")
     assert p.check_marks == ("TensorFlow", "PyTorch", "MPI", "Gloo", "NCCL")
     assert "CXXFLAGS=-I/tf/include/external/highwayhash -I/tf/include/external/farmhash_archive/src " in p.build_env
+
+
+PYPROJECT = b"""[build-system]
+requires = ["setuptools>=64"]
+
+[project]
+name = "hvdtrain"
+description = "one line"
+# What hvdtrain needs.
+dependencies = [
+    "numpy>=1.23",
+    "tqdm>=4.66",  # the progress bar
+]
+
+[project.optional-dependencies]
+torch = ["torch>=2.3"]
+dali = ["nvidia-dali-cuda130>=2.4"]
+
+[tool.pytest.ini_options]
+timeout = 600
+"""
+
+
+def test_the_venv_key_follows_what_the_install_uses_not_comments():
+    """A comment, a description, an extra not installed or a tool setting changes no venv (and no
+    set-up test's Horovod build); a dependency, an installed extra's list or the lock's pins do."""
+    key = lambda pyproject=PYPROJECT, lock=b"torch==2.14.1\n", extras="test,torch": sp.venv_key(
+        "bare", ("torch",), extras, (), dataclasses.replace(BARE_WARM, pyproject=pyproject, lock=lock))
+    same = [PYPROJECT.replace(b"# What hvdtrain needs.", b"# What hvdtrain needs, said otherwise."),
+            PYPROJECT.replace(b"# the progress bar", b"# its bar"),
+            PYPROJECT.replace(b"one line", b"another line"),
+            PYPROJECT.replace(b"nvidia-dali-cuda130>=2.4", b"nvidia-dali-cuda130>=2.5"),  # not installed here
+            PYPROJECT.replace(b"timeout = 600", b"timeout = 900")]
+    assert all(key(p) == key() for p in same)
+    assert key(lock=b"# pinned on Debian 12\ntorch==2.14.1\n") == key()
+    changed = [PYPROJECT.replace(b'"tqdm>=4.66"', b'"tqdm>=4.67"'), PYPROJECT.replace(b"torch>=2.3", b"torch>=2.4"),
+               PYPROJECT.replace(b"setuptools>=64", b"setuptools>=70")]
+    assert all(key(p) != key() for p in changed)
+    assert key(lock=b"torch==2.15.0\n") != key() and key(extras="test,torch,dali") != key()
+    assert key(PYPROJECT.replace(b"nvidia-dali-cuda130>=2.4", b"nvidia-dali-cuda130>=2.5"), extras="test,torch,dali") \
+        != key(extras="test,torch,dali")
+
+
+def test_dali_only_when_asked_for_and_for_torchs_cuda():
+    assert "dali" not in sp.plan(BARE_WARM).extras  # the default install stays without it (~700 MB)
+    asked = dataclasses.replace(BARE_WARM, options=dataclasses.replace(BARE_WARM.options, dali=True))
+    assert sp.plan(asked).extras.split(",")[-1] == "dali" and sp.plan(asked).venv_step
+    assert sp.plan(dataclasses.replace(asked, torch_cuda="12.8")).extras.split(",")[-1] == "dali-cuda12"
+    assert sp.parse_options(["--with-dali"], {}).dali and sp.parse_options([], {"HVDTRAIN_DALI": "1"}).dali
+    with pytest.raises(sp.PlanError, match="--with-dali installs NVIDIA DALI for the torch trainer"):
+        sp.extras_for(("tf",), False, dali=True)
 
 
 def test_changed_inputs_redo_the_right_steps():
@@ -116,7 +167,7 @@ def test_cluster_keeps_the_site_torch():
     assert p.venv_flags == ("--system-site-packages",) and p.python == "python3"
     assert (p.frameworks, p.frameworks_why) == (("torch",), "those that import here (the site's)")
     assert p.extras == "test,torch,compare"
-    assert p.venv_key == "92edfc6f9afcc44b"   # the site's torch and TF versions are in it, as in bash
+    assert p.venv_key == "32aec54b852e06a9"   # the site's torch and TF versions are in it
     assert p.venv_key != sp.plan(dataclasses.replace(CLUSTER_TORCH, torch_version="2.4.0")).venv_key
     # No CUDA module loaded: CPU ops, and the line says what to load.
     assert p.gpu_ops == "cpu" and "load the CUDA module" in p.gpu_why
@@ -149,7 +200,7 @@ def test_provisional_plan_before_the_venv_runs():
     assert p.provisional and p.venv_create and p.venv_step and not p.editable
     # A venv whose python exists but does not run (a Python module not loaded) is made again,
     # whatever its stamp says.
-    broken = dataclasses.replace(CLUSTER_TORCH, in_venv=False, venv_python=True, venv_stamp="92edfc6f9afcc44b")
+    broken = dataclasses.replace(CLUSTER_TORCH, in_venv=False, venv_python=True, venv_stamp="32aec54b852e06a9")
     assert not sp.plan(broken).venv_create and sp.plan(broken).venv_step
     assert not sp.plan(dataclasses.replace(broken, in_venv=True)).venv_step
 

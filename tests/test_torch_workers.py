@@ -104,6 +104,7 @@ class SlowSample(Dataset):
         return torch.tensor([os.getpid()])
 
 
+@pytest.mark.slow  # three processes that start workers: 7 s each
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("end", ["exit", "close", "another loader"])
 def test_kept_workers_end_with_the_rank_even_mid_epoch_and_busy(end):
