@@ -7,6 +7,7 @@ ranks' last output (each line is tagged with its rank by the launcher).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -215,6 +216,21 @@ def digits_shards(root) -> str:
     os.unlink(os.path.join(folder, "val", "9", "0004.jpg"))
     shards.write(os.path.join(root, "shards"), *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
     return os.path.join(root, "shards")
+
+
+@contextlib.contextmanager
+def small_filesystem(path, size: int):
+    """A tmpfs of `size` bytes mounted at `path` (made) while the block runs: a disk that fills up
+    (root only: the test is skipped where it cannot be mounted)."""
+    os.makedirs(path, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)
 
 
 def copy_checkpoints(source: str, destination: str) -> str:

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 from conftest import (DIGITS_CHECKPOINT_ARGV, PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env,
                       copy_checkpoints, finish_launch, launch, launch_each_rank_to_its_end, launcher_prefix, marked_env,
-                      processes_left, rank_pids, start_launch)
+                      processes_left, rank_pids, small_filesystem, start_launch)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
@@ -244,13 +243,7 @@ def test_unwritable_output_fails_before_training_on_every_rank(tmp_path, what):
 
 def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp_path, digits_checkpoints):
     size = os.path.getsize(latest_checkpoint(digits_checkpoints))  # what one checkpoint of this run takes
-    full = tmp_path / "small-fs"
-    full.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.6)}", "tmpfs", str(full)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_filesystem(tmp_path / "small-fs", int(size * 1.6)) as full:
         run = launch_each_rank_to_its_end(2, TORCH + DIGITS + ["--epochs", "3", "--checkpoint-dir", str(full)],
                                           timeout=180)
         [first] = list_checkpoints(str(full))
@@ -259,8 +252,6 @@ def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp
         assert sorted(os.listdir(full)) == [os.path.basename(first), os.path.basename(first) + ".sig"], \
             "no temporary file left behind"
         assert finite_weights(first)
-    finally:
-        subprocess.run(["umount", str(full)], capture_output=True)
 
 
 def test_corrupt_image_is_named_in_one_line(tmp_path):
