@@ -73,3 +73,17 @@ def test_a_failed_background_write_ends_every_rank_at_the_next_step(tmp_path, di
         assert_each_rank_failed_with(run, "hvdtrain.torch", f"could not write a checkpoint in {full} (", 2)
         assert f"the newest checkpoint is still {first}" in run.output, run.output[-3000:]
         assert "epoch 1.00: train loss" not in run.output, "the failure was said only at the epoch's end"
+
+
+def test_a_time_interval_is_agreed_by_every_rank_at_one_step(tmp_path):
+    """Rank 1 is slower (its clock would say 'due' at other steps than rank 0's): only rank 0's
+    clock counts, through the log-interval vote, so the ranks checkpoint at the same steps (else
+    the collectives of the checkpoint would be mismatched: a hang or a crash)."""
+    ckpt = tmp_path / "ckpt"
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.05"}
+    run = launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "0.4s"], timeout=180,
+                 env=env)
+    steps = [step_of(p) for p in list_checkpoints(str(ckpt))]
+    middle = [s for s in steps if s not in (21, 42)]
+    assert middle and all(s % 3 == 0 for s in middle), steps  # at log intervals (every 3 steps)
+    assert "checkpoint" in run.output
