@@ -92,10 +92,45 @@ class Writer:
     # that kills rank 0 in the middle of a background write.
     SLOW_WRITE = float(os.environ.get("HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE", "0") or 0)
 
-    def __init__(self):
+    def __init__(self, say=None):
         self.thread: threading.Thread | None = None
         self.failed: str | None = None  # the failed write's one line
-        self.written: str | None = None  # the last path written, until the caller says it
+        self.written: str | None = None  # the last path written, until say_written says it
+        self.say = say or (lambda line: None)  # rank 0's log: "checkpoint PATH" once written
+
+    def save(self, directory: str, capture, *, keep: int, background: bool = False) -> str | None:
+        """Rank 0, every API's checkpoint: the write before this one ends first (its failure, or
+        its path, said before anything else is written), then `capture()` -> (path, write(fileobj),
+        signed) copies the state to host memory and write() writes it. The failure's one line, for
+        the caller to broadcast to every rank, or None."""
+        self.wait()
+        error = self.error()
+        self.say_written()
+        if error:
+            return error
+        try:
+            path, write, signed = capture()
+            self.write(path, write, signed=signed, keep=keep, background=background)
+        except Exception as err:  # noqa: BLE001 - said on every rank by the caller
+            return write_failure(directory, err)
+        self.say_written()
+        return None
+
+    def state(self) -> list[bool]:
+        """[writing now, failed]: what a rank adds to the step's vote (never either off rank 0)."""
+        return [self.busy(), self.failed is not None]
+
+    def finish(self) -> str | None:
+        """The write in flight ended: its failure's line, or None (its path said)."""
+        self.wait()
+        error = self.error()
+        self.say_written()
+        return error
+
+    def say_written(self) -> None:
+        if self.written and not self.busy():
+            self.say(f"checkpoint {self.written}")
+            self.written = None
 
     def write(self, path: str, write, *, signed: bool, keep: int, background: bool = False) -> None:
         """Write `path` (write(fileobj) serialises the state), then keep the newest `keep`.

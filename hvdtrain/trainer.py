@@ -86,7 +86,7 @@ class EpochTrainer(abc.ABC):
         self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
         self._said_data_bound = False  # the input-bound line: once a run
         self.checkpoint_interval = ckpt.Interval(self.cfg.checkpoint_interval, self.is_rank0)  # --checkpoint-every
-        self.writer = ckpt.Writer()  # rank 0's checkpoint writes
+        self.writer = ckpt.Writer(say=lambda line: self.reporter.info(line))  # rank 0's checkpoint writes
         self.writing = False  # every rank: rank 0 writes a checkpoint in the background now
         self._check_outputs()
         self.stop = StopRequest()
@@ -276,18 +276,12 @@ class EpochTrainer(abc.ABC):
         """Every rank, after each step while rank 0 writes a checkpoint in the background: has it
         ended, and how? A failure (disk full, a directory gone) ends every rank with rank 0's line
         at the next step, not at the next checkpoint; a small reduction, only while a write runs."""
-        mine = [self.writer.busy(), self.writer.failed is not None] if self.is_rank0 else [False, False]
-        busy, failed = self.backend.allreduce_sum(np.array(mine, dtype=np.float64), "checkpoint_write")
+        busy, failed = self.backend.allreduce_sum(np.array(self.writer.state(), dtype=np.float64), "checkpoint_write")
         if failed:
             raise UsageError(self.backend.broadcast_object(self.writer.error(), "checkpoint_write_error"))
         if not busy:
             self.writing = False
-            self._say_written()
-
-    def _say_written(self) -> None:
-        if self.is_rank0 and self.writer.written:
-            self.reporter.info(f"checkpoint {self.writer.written}")
-            self.writer.written = None
+            self.writer.say_written()
 
     def epoch_steps_done(self) -> tuple[dict, str | None]:
         """The epoch's steps are over, all or stopped: every rank stops the clock together.
@@ -420,18 +414,8 @@ class EpochTrainer(abc.ABC):
             return
         self.watchdog.beat(where="writing a checkpoint")
         self._average_statistics()  # the checkpoint holds every rank's BatchNorm statistics, not rank 0's
-        error = None
-        if self.is_rank0:
-            self.writer.wait()
-            error = self.writer.error()
-            self._say_written()
-            if not error:
-                try:
-                    path, write, signed = self._checkpoint_file()
-                    self.writer.write(path, write, signed=signed, keep=self.cfg.keep_checkpoints, background=background)
-                    self._say_written()
-                except Exception as err:  # noqa: BLE001 - reported to every rank, by path
-                    error = ckpt.write_failure(self.cfg.checkpoint_dir, err)
+        error = self.writer.save(self.cfg.checkpoint_dir, self._checkpoint_file, keep=self.cfg.keep_checkpoints,
+                                 background=background) if self.is_rank0 else None
         error = self.backend.broadcast_object(error, "checkpoint_written")
         self.writing = background and not error
         self.watchdog.beat(where="after writing a checkpoint")

@@ -80,6 +80,48 @@ def test_a_failed_background_write_is_kept_for_every_rank_and_the_previous_check
     assert os.listdir(tmp_path) == [good.name] and good.read_bytes() == b"whole"  # no temporary left
 
 
+def test_save_says_the_previous_writes_end_before_it_writes_and_a_failure_stops_the_next(tmp_path):
+    """Writer.save, every API's checkpoint: the write in flight ends first (its path said once, when
+    it is whole), a background failure is returned by the next save instead of writing over it,
+    and a capture that fails (host memory) is one line like a failed write."""
+    said = []
+    writer = ckpt.Writer(say=said.append)
+    first, second = tmp_path / "ckpt-e0000-s00000005.pt", tmp_path / "ckpt-e0000-s00000010.pt"
+    release = threading.Event()
+
+    def slow(f):
+        assert release.wait(10)
+        f.write(b"one")
+
+    assert writer.save(str(tmp_path), lambda: (str(first), slow, False), keep=3, background=True) is None
+    writer.say_written()
+    assert said == [] and writer.state() == [True, False]  # not said while it is being written
+    release.set()
+    assert writer.save(str(tmp_path), lambda: (str(second), lambda f: f.write(b"two"), False), keep=3) is None
+    assert said == [f"checkpoint {first}", f"checkpoint {second}"]  # in order, each once
+    writer.say_written()
+    assert len(said) == 2
+
+    def full(f):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    third = tmp_path / "ckpt-e0000-s00000015.pt"
+    assert writer.save(str(tmp_path), lambda: (str(third), full, False), keep=3, background=True) is None
+    writer.wait()
+    assert writer.state() == [False, True]
+    never = []
+    line = writer.save(str(tmp_path), lambda: never.append(1), keep=3)
+    assert line.startswith(f"could not write a checkpoint in {tmp_path} (No space left") and never == []
+    assert line.endswith(f"the newest checkpoint is still {second}")
+
+    def no_memory():
+        raise MemoryError("cannot copy the state to host memory")
+
+    line = writer.save(str(tmp_path), no_memory, keep=3)
+    assert line.startswith(f"could not write a checkpoint in {tmp_path} (cannot copy the state to host memory")
+    assert writer.finish() is None and sorted(os.listdir(tmp_path)) == [first.name, second.name]
+
+
 def test_the_state_is_copied_to_host_memory_before_the_next_step_changes_it():
     weight = torch.ones(3)
     state = {"model": {"w": weight}, "optimizer": {"state": {0: {"momentum": [weight * 2]}}, "lr": 0.1}, "step": 5}

@@ -136,7 +136,7 @@ class Job:
         self.is_rank0 = self.rank == 0
         self.device = backend.device
         self.stop = StopRequest()  # from now on SIGUSR1/SIGTERM are remembered for fit's next vote
-        self.files = ckpt.Writer()  # rank 0's checkpoint writes
+        self.files = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -261,28 +261,15 @@ class Job:
         """Every rank: rank 0 writes weights, optimizer state (the model's, unless given) and
         position atomically, `extra` in its meta; a failure ends every rank. background: on rank
         0's writer thread (the values copied first); its end is learnt by a later vote."""
-        error = None
-        if self.is_rank0:
-            self.files.wait()  # the write before this one, if in the background: its end said first
-            error = self.files.error()
-            self.say_written()
-            if not error:
-                variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
-                path, write = npz_checkpoint.capture(checkpoint_dir, at, variables, {
-                    "written_by": self.writer, "world_size": self.world_size, **(extra or {})})
-                try:
-                    self.files.write(path, write, signed=False, keep=keep, background=background)
-                    self.say_written()
-                except Exception as err:  # noqa: BLE001 - one line on every rank
-                    error = ckpt.write_failure(checkpoint_dir, err)
+        def capture():
+            variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
+            return (*npz_checkpoint.capture(checkpoint_dir, at, variables, {
+                "written_by": self.writer, "world_size": self.world_size, **(extra or {})}), False)
+
+        error = self.files.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
         error = self.backend.broadcast_object(error, "keras_checkpoint_written")
         if error:
             raise UsageError(error)
-
-    def say_written(self) -> None:
-        if self.files.written and not self.files.busy():
-            self.log(f"checkpoint {self.files.written}")
-            self.files.written = None
 
     def vote(self) -> str | None:
         """Every rank: the stop signal any rank got (SIGTERM outweighs SIGUSR1: hvdtrain/meter.py), or None."""

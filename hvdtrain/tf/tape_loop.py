@@ -168,13 +168,12 @@ class TapeJob(Job):
         on every rank: a number of steps, or rank 0's clock, which votes here), written in the
         background; rank 0's writer (running, failed) rides in the same vote."""
         interval, files = self.checkpoint_interval, self.files
-        writing = [files.busy(), files.failed is not None] if self.is_rank0 else [False, False]
-        mine = np.array([*stop_votes(self.stop.signal_name), interval.vote(), *writing], dtype=np.float64)
+        mine = np.array([*stop_votes(self.stop.signal_name), interval.vote(), *files.state()], dtype=np.float64)
         usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "tape_stop_vote")
         if failed:
             raise UsageError(self.backend.broadcast_object(files.error(), "tape_checkpoint_write_error"))
         if not busy:
-            self.say_written()
+            files.say_written()
         self.stopped_by = stop_reason(usr1, term)
         at = self.position
         mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
@@ -286,10 +285,7 @@ class TapeJob(Job):
         (not after SIGTERM: scancel); a background write still running ends (its failure said on
         every rank); the watchdog stops; Horovod shuts down."""
         self.requeue_if_asked(self.stopped_by)
-        if self.is_rank0:
-            self.files.wait()
-        error = self.backend.broadcast_object(self.files.error() if self.is_rank0 else None, "tape_last_write")
-        self.say_written()
+        error = self.backend.broadcast_object(self.files.finish() if self.is_rank0 else None, "tape_last_write")
         self.watchdog.stop()
         self.backend.shutdown()
         if error:

@@ -99,7 +99,7 @@ class Run:
         self._prepared: list = []           # the optimizers prepare() wrapped
         self.saving_to = None               # (directory, model, optimizer) of run.resume(): interval checkpoints
         self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
-        self.writer = ckpt.Writer()  # rank 0's checkpoint writes (interval ones in the background)
+        self.writer = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes (interval ones in the background)
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -158,14 +158,13 @@ class Run:
         interval = self.checkpoint_interval
         # Rank 0's background write (an interval checkpoint) rides in the same vote: its failure
         # ends every rank at the next step.
-        writing = [self.writer.busy(), self.writer.failed is not None] if self.is_rank0 else [False, False]
         mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), interval.vote(),
-                         *writing], dtype=np.float64)
+                         *self.writer.state()], dtype=np.float64)
         usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "stop_vote")
         if failed:
             raise UsageError(self.backend.broadcast_object(self.writer.error(), "loop_checkpoint_write_error"))
         if not busy:
-            self._say_written()
+            self.writer.say_written()
         self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
         at = self.position
         mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
@@ -229,32 +228,21 @@ class Run:
         self.backend.average_buffers(model)  # BatchNorm statistics of every rank, not rank 0's
         # Where a resume starts: the next epoch, or this one's unstepped batches (after a stop, a break).
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
-        at, error = self.position.next_epoch() if done else self.position, None
-        if self.is_rank0:
-            self.writer.wait()  # the write before this one, if in the background: its end said first
-            error = self.writer.error()
-            self._say_written()
-            if not error:
-                path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
-                state = copy_to_host({"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(),
-                                            "optimizer": optimizer.state_dict(), "batching": self.batching,
-                                            **at.to_checkpoint()})
-                try:
-                    self.writer.write(path, lambda f: torch.save(state, f), signed=True, keep=keep,
-                                      background=background)
-                    self._say_written()
-                except Exception as err:  # noqa: BLE001 - one line on every rank
-                    error = ckpt.write_failure(checkpoint_dir, err)
+        at = self.position.next_epoch() if done else self.position
+
+        def capture():  # the state copied to host memory now: the next steps may change it
+            state = copy_to_host({"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(),
+                                  "optimizer": optimizer.state_dict(), "batching": self.batching,
+                                  **at.to_checkpoint()})
+            path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
+            return path, lambda f: torch.save(state, f), True
+
+        error = self.writer.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
         error = self.backend.broadcast_object(error, "loop_checkpoint_written")
         self.checkpoint_interval.written()
         self.watchdog.beat(where="after writing a checkpoint")
         if error:
             raise UsageError(error)
-
-    def _say_written(self) -> None:
-        if self.writer.written and not self.writer.busy():
-            self.log(f"checkpoint {self.writer.written}")
-            self.writer.written = None
 
     @exits_on_usage_error(PROG)
     def finish(self) -> None:
@@ -262,10 +250,8 @@ class Run:
         if self.stopped_by == "SIGUSR1" and self.is_rank0 and self.job_id \
                 and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
             self.log(requeue_slurm_job(self.job_id))
-        if self.is_rank0:  # a background write still running: ended, its failure said
-            self.writer.wait()
-        error = self.backend.broadcast_object(self.writer.error() if self.is_rank0 else None, "loop_last_write")
-        self._say_written()
+        # A background write still running: ended, its failure said on every rank.
+        error = self.backend.broadcast_object(self.writer.finish() if self.is_rank0 else None, "loop_last_write")
         self.watchdog.stop()
         data.close_loaders()
         self.backend.shutdown()
