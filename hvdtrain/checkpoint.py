@@ -512,3 +512,22 @@ def load_newest(checkpoint_dir: str, read, say) -> tuple[str | None, object]:
     if unreadable:
         raise UsageError(f"{unreadable}, and no older one reads")
     return None, None
+
+
+def resume_on_rank0(backend, is_rank0: bool, checkpoint_dir: str, read, take, say, name: str) -> dict:
+    """Every rank, for the APIs around users' own loops: rank 0 finds the newest checkpoint that
+    reads (load_newest) and `take(path, found)` puts it into the model and optimizer, returning
+    what every rank needs ({"path": ..., "position": ...}) or raising a UsageError (it reads but
+    does not fit: no older one will); every rank learns the outcome ({} for none) and fails
+    together with rank 0's line, or none does."""
+    status = None
+    if is_rank0:
+        try:
+            path, found = load_newest(checkpoint_dir, read, say)
+            status = {} if path is None else take(path, found)
+        except UsageError as err:
+            status = {"error": str(err)}
+    status = backend.broadcast_object(status, name)
+    if status.get("error"):
+        raise UsageError(status["error"])
+    return status

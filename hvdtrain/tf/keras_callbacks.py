@@ -226,23 +226,15 @@ class Job:
         together, or none): {} for none, else its path and position."""
         if not checkpoint_dir:
             return {}
-        status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
-        status = self.backend.broadcast_object(status, "keras_resume")
-        if status.get("error"):
-            raise UsageError(status["error"])
-        return status
+        return ckpt.resume_on_rank0(self.backend, self.is_rank0, checkpoint_dir, npz_checkpoint.read,
+                                    lambda path, found: self._take(path, found, model, optimizer), self.log,
+                                    "keras_resume")
 
     def _checkpointed(self, model, optimizer) -> dict:
         """The variables a checkpoint holds, by prefix, in order."""
         return {"model": model.weights, "optimizer": optimizer.variables()}
 
-    def _load_newest(self, checkpoint_dir, model, optimizer) -> dict:
-        try:
-            path, found = ckpt.load_newest(checkpoint_dir, npz_checkpoint.read, self.log)
-        except UsageError as err:
-            return {"error": str(err)}
-        if path is None:
-            return {}
+    def _take(self, path, found, model, optimizer) -> dict:
         meta, arrays = found
         # It reads but does not fit: no older one will.
         variables = self._checkpointed(model, optimizer)
@@ -251,7 +243,7 @@ class Job:
         if written_by != self.writer:
             problem = f"written by {written_by}, read by {self.writer}"
         if problem:
-            return {"error": f"checkpoint {path} does not fit this model and optimizer ({problem})"}
+            raise UsageError(f"checkpoint {path} does not fit this model and optimizer ({problem})")
         npz_checkpoint.assign(variables, arrays)
         return {"path": path, "position": {k: meta[k] for k in ("epoch", "step_in_epoch", "global_step",
                                                                 "history")}, "batching": meta.get("batching")}

@@ -185,36 +185,31 @@ class Run:
             raise UsageError("run.resume() takes the optimizer run.prepare() returned (Horovod's starts empty)")
         self.saving_to = (checkpoint_dir, model, optimizer)  # where interval checkpoints go
         self.watchdog.beat(where="resuming")
-        status = self._load_newest(checkpoint_dir, model, optimizer) if self.is_rank0 else None
-        status = self.backend.broadcast_object(status, "loop_resume")  # every rank fails, or none
-        if status.get("error"):
-            raise UsageError(status["error"])
-        if status.get("path"):
+        status = ckpt.resume_on_rank0(self.backend, self.is_rank0, checkpoint_dir, self._read,
+                                      lambda path, state: self._take(path, state, model, optimizer), self.log,
+                                      "loop_resume")
+        if status:
             self.position, self.resumed_batching = status["position"], status["batching"]
             self.backend.broadcast_state(model, optimizer, optimizer_state=True)
             self.log(f"resumed from {status['path']} at epoch {self.position.epoch + 1} after "
                      f"{self.position.step_in_epoch} batch(es)")
         return self.position.epoch
 
-    def _load_newest(self, checkpoint_dir: str, model, optimizer) -> dict:
-        def read(path):
-            distrust = ckpt.trust_problem(path, torch.__version__, trusted=False)  # torch < 2.6
-            if distrust:
-                raise UsageError(distrust)
-            return torch.load(path, map_location="cpu", weights_only=True)
+    @staticmethod
+    def _read(path: str) -> dict:
+        distrust = ckpt.trust_problem(path, torch.__version__, trusted=False)  # torch < 2.6
+        if distrust:
+            raise UsageError(distrust)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
-        try:
-            path, state = ckpt.load_newest(checkpoint_dir, read, self.log)
-        except UsageError as err:
-            return {"error": str(err)}
-        if path is None:
-            return {}
+    @staticmethod
+    def _take(path: str, state: dict, model, optimizer) -> dict:
         kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         try:  # it reads but does not fit: no older one will
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
         except Exception as err:  # noqa: BLE001 - one line, naming the file
-            return {"error": f"checkpoint {path} does not fit this model or optimizer ({in_one_line(err)})"}
+            raise UsageError(f"checkpoint {path} does not fit this model or optimizer ({in_one_line(err)})") from None
         for group, settings in zip(optimizer.param_groups, kept):
             group.update(settings)  # this run's LR (scaled for its world size), not the checkpoint's
         return {"path": path, "position": ckpt.Position.from_checkpoint(state), "batching": state["batching"]}
