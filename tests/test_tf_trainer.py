@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -308,3 +310,38 @@ def test_mid_epoch_resume_on_image_files_ends_with_the_same_weights(tmp_path):
         # every trained weight is equal.
         diff = float(np.abs(value.astype(np.float64) - split[name].astype(np.float64)).max())
         assert diff <= 1e-6 * max(1.0, float(np.abs(value).max())), f"{name} differs by {diff} after a mid-epoch resume"
+
+
+def test_a_checkpoint_file_system_gone_read_only_mid_run_ends_every_rank_at_the_next_step(tmp_path):
+    """The TF trainer's background interval writes (the npz copied at the step, written on rank 0's
+    thread): the file system turns read-only after the first (as Lustre does on errors); the next
+    write fails in the thread, and every rank ends with its one line at the step after, long before
+    the epoch's end (step 21), exit 2; the first checkpoint is still there."""
+    from conftest import small_filesystem
+
+    with small_filesystem(tmp_path / "fs", 64 * 2**20) as fs:
+        ckpt_dir = fs / "ckpt"
+
+        def read_only_after_the_first():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if ckpt_dir.is_dir() and any(n.endswith(".npz") for n in os.listdir(ckpt_dir)):
+                    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+                    return
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=read_only_after_the_first)
+        watcher.start()
+        env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.1"}  # time for the remount between two writes
+        run = launch_each_rank_to_its_end(2, TRAIN + DIGITS + ["--loop", "custom", "--epochs", "1",
+                                                               "--checkpoint-dir", str(ckpt_dir),
+                                                               "--checkpoint-every", "2", "--log-interval", "1"],
+                                          timeout=180, env=env)
+        watcher.join()
+        [first] = sorted(os.listdir(ckpt_dir))
+        assert first == "ckpt-e0000-s00000002.npz"
+        assert_each_rank_failed_with(run, "hvdtrain.tf", f"could not write a checkpoint in {ckpt_dir} "
+                                                         "(Read-only file system", 2)
+        assert f"the newest checkpoint is still {ckpt_dir / first}" in run.output, run.output[-3000:]
+        steps = [int(m) for m in re.findall(r"\| (\d+)/21 \[", run.output)]
+        assert steps and max(steps) < 10, f"not ended at the next step: {sorted(set(steps))}\n{run.output[-3000:]}"
