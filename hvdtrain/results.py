@@ -59,8 +59,16 @@ def checksum_arrays(arrays) -> str:
     return h.hexdigest()
 
 
-def throughput_summary(per_rank_images_per_sec: list[float]) -> dict:
-    return {"per_rank_images_per_sec": per_rank_images_per_sec,
+def sample_unit(sample_shape) -> str:
+    """What a rate counts: 'img' where one sample has three dimensions (channels and two sides, in
+    either order), else 'samples' (vectors, sequences): a user's own regression is not images."""
+    return "img" if len(tuple(sample_shape)) == 3 else "samples"
+
+
+def throughput_summary(per_rank_images_per_sec: list[float], unit: str = "img") -> dict:
+    """The rates of every rank (samples per second; their key names say images, as result files
+    have since format 1: `unit` says what they count)."""
+    return {"unit": unit, "per_rank_images_per_sec": per_rank_images_per_sec,
             "total_images_per_sec": sum(per_rank_images_per_sec),
             "min_rank_images_per_sec": min(per_rank_images_per_sec),
             "median_rank_images_per_sec": statistics.median(per_rank_images_per_sec)}

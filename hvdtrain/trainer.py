@@ -78,6 +78,7 @@ class EpochTrainer(abc.ABC):
     reports_accuracy = True
     # What writes TensorBoard scalars (hvdtrain/report.py); None: torch's SummaryWriter.
     tensorboard_writer = None
+    sample_unit = "img"  # what the rates count: "samples" for a user's vectors (_build_data says)
 
     def __init__(self, cfg: TrainConfig):
         """The whole start, on every rank, in this order; the framework trainer's hooks supply
@@ -455,7 +456,7 @@ class EpochTrainer(abc.ABC):
             val = (f"val loss {val_metrics['val_loss']:.4f}{acc(val_metrics['val_acc'])} "
                    f"({val_metrics['val_count']} samples)" if val_metrics else "no validation")
             self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f}"
-                               f"{acc(train_metrics['train_acc'])} | {val} | {rate * self.world_size:.1f} img/s")
+                               f"{acc(train_metrics['train_acc'])} | {val} | {rate * self.world_size:.1f} {self.sample_unit}/s")
             if val_metrics:
                 self.reporter.scalars(at.global_step, {"val/loss": val_metrics["val_loss"],
                                                        **({"val/acc": val_metrics["val_acc"]}
@@ -522,7 +523,7 @@ class EpochTrainer(abc.ABC):
         result = {
             "framework": self.framework, **b.describe(), **self._result_extras(),
             "config": cfg.to_dict(), "world_size": self.world_size, "launcher": env.launcher, "ranks": per_rank,
-            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank])
+            "throughput": throughput_summary([r["images_per_sec"] for r in per_rank], self.sample_unit)
             if all(r["images_per_sec"] for r in per_rank) else None,
             "final": self.position.history[-1] if self.position.history else None,
             "history": list(self.position.history),
@@ -536,7 +537,7 @@ class EpochTrainer(abc.ABC):
             self.reporter.info(f"result file {cfg.result_json}")
         if result["throughput"]:
             t = result["throughput"]
-            self.reporter.info(f"throughput: {t['total_images_per_sec']:.1f} img/s in all, "
+            self.reporter.info(f"throughput: {t['total_images_per_sec']:.1f} {self.sample_unit}/s in all, "
                                f"{t['min_rank_images_per_sec']:.1f} on the slowest of {self.world_size} rank(s): "
                                f"training samples per second, timed on every rank between barriers after "
                                f"{cfg.warmup_steps} warm-up step(s)")

@@ -39,6 +39,7 @@ def test_example_reaches_90_percent_with_equal_ranks(tmp_path, loop, keras):
     assert result["tf_threads"]["intra_op"] == 1 and result["tf_threads"]["inter_op"] == 1, result["tf_threads"]
     assert f"[1,0]<stdout>:final val accuracy: {final['val_acc']:.4f} over 397 samples" in run.output
     assert "Traceback" not in run.output and "error [" not in run.output
+    assert result["throughput"]["unit"] == "img" and "img/s in all" in run.output
 
 
 def test_own_loss_regression_reports_no_accuracy_and_learns(tmp_path):
@@ -58,4 +59,6 @@ def test_own_loss_regression_reports_no_accuracy_and_learns(tmp_path):
     assert_same_weights_everywhere(result)
     # A model built before fit(): TensorFlow's threads could not be set, and the log says so.
     assert "TensorFlow was started before hvdtrain" in run.output
+    # Vectors, not images: the log and the result count samples.
+    assert result["throughput"]["unit"] == "samples" and "samples/s in all" in run.output and "img/s" not in run.output
     assert "Traceback" not in run.output and "error [" not in run.output

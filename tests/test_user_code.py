@@ -27,6 +27,7 @@ def assert_learned(result):
     assert last["val_loss"] < 0.1 < first["train_loss"], result["history"]
     assert last["train_acc"] is None and last["val_acc"] is None and last["val_count"] == 128
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1, result["ranks"]
+    assert result["throughput"]["unit"] == "samples"  # vectors, not images: the rates say so
 
 
 FIT = dict(epochs=3, batch_size=16, base_lr=0.005, threads_per_rank=1, num_workers=0)

@@ -94,6 +94,7 @@ class Trainer(EpochTrainer):
                                  "pass the same samples in the same order (hvdtrain shards and shuffles them itself; "
                                  "an unseeded shuffle before fit() gives each rank its own order)")
         self.data = self.workload.data(self.threads)
+        self.sample_unit = self.workload.sample_unit
         self.data_threads: dict = {}  # tf.data's pools, read off the training pipeline
         return self.data.train_size, self.data.val_size
 

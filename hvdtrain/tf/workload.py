@@ -21,6 +21,7 @@ import numpy as np
 
 from hvdtrain import plugins
 from hvdtrain.errors import UsageError
+from hvdtrain.results import sample_unit
 
 CROSS_ENTROPY = "cross_entropy"  # the default loss: cross-entropy of logits, with accuracy reported
 KERAS_PACKAGES = ("keras", "tf_keras")  # Keras 3, and Keras 2 (what --loop fit runs on)
@@ -33,6 +34,7 @@ class TFWorkload:
     build_model: Callable[[object, object], object]  # (keras, TFData) -> a Keras model, built
     loss: Callable | None = None              # loss(y_true, y_pred) (Keras' order); None: cross-entropy
     fingerprint: str | None = None            # of the data given to fit(): every rank must have the same
+    sample_unit: str = "img"                  # what the rates count (hvdtrain.results.sample_unit)
 
 
 def from_config(cfg) -> TFWorkload:
@@ -53,7 +55,7 @@ def given(model, model_name: str, train: tuple, val: tuple | None, loss) -> TFWo
         return arrays_data(train, val, threads)
     max_label = int(train[1].max()) if loss is None else None
     return TFWorkload(data, user_model(model, model_name, train, loss, max_label), loss,
-                      fingerprint(*train, *(val or ())))
+                      fingerprint(*train, *(val or ())), sample_unit(train[0].shape[1:]))
 
 
 # ---------------------------------------------------------------------- fit()'s arguments

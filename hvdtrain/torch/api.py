@@ -48,7 +48,7 @@ def _fit(model, train_data, val_data, loss, options: dict) -> dict:
     names = {"model": plugins.describe(model), "dataset": plugins.describe(train_data),
              "loss": plugins.describe(loss) if loss is not None else CROSS_ENTROPY}
     cfg = config_from_values("torch", {**names, **options})
-    check_pairs(train_data, "fit(): train_data")
+    unit = check_pairs(train_data, "fit(): train_data")
     if val_data is not None:
         check_pairs(val_data, "fit(): val_data")
-    return run(cfg, TorchWorkload(model, train_data, val_data, loss, model_name=names["model"]))
+    return run(cfg, TorchWorkload(model, train_data, val_data, loss, model_name=names["model"], sample_unit=unit))

@@ -82,6 +82,7 @@ class Trainer(EpochTrainer):
         self.val_batches = None  # the validation loader, once _validate builds it
         self.train_ds, self.val_ds = self.workload.train_data, self.workload.val_data
         self.num_classes = self.workload.num_classes
+        self.sample_unit = self.workload.sample_unit
         # uint8 images (hvdtrain's image files, or a user's dataset that says so) become floats on
         # the device, after the copy: hvdtrain/torch/images.py.
         self.input_normalization = data.input_normalization(self.train_ds)

@@ -17,6 +17,7 @@ from torch import nn
 
 from hvdtrain import plugins
 from hvdtrain.errors import UsageError
+from hvdtrain.results import sample_unit
 from hvdtrain.torch import data, models
 
 CROSS_ENTROPY = "cross_entropy"  # --loss's default: with accuracy reported
@@ -30,6 +31,7 @@ class TorchWorkload:
     loss: Callable | None = None                # (outputs, targets) -> scalar tensor; None: cross-entropy
     num_classes: int | None = None              # a built-in classifier's, kept in its checkpoints
     model_name: str = "the model"               # for messages: --model's value or fit's argument
+    sample_unit: str = "img"                    # what the rates count (hvdtrain.results.sample_unit)
 
     def build_model(self) -> nn.Module:
         """The model (built now if a function was given; every rank seeds alike before)."""
@@ -41,8 +43,9 @@ class TorchWorkload:
         return model
 
 
-def check_pairs(dataset, what: str) -> None:
-    """A map-style dataset with at least one sample, which is an (input, target) pair."""
+def check_pairs(dataset, what: str) -> str:
+    """A map-style dataset with at least one sample, which is an (input, target) pair; what its
+    rates count (hvdtrain.results.sample_unit of the input's shape)."""
     try:
         n = len(dataset)
         sample = dataset[0] if n else None
@@ -54,6 +57,7 @@ def check_pairs(dataset, what: str) -> None:
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
         kind = f"a {len(sample)}-tuple" if isinstance(sample, (tuple, list)) else f"a {type(sample).__name__}"
         raise UsageError(f"{what} must give (input, target) pairs; its sample 0 is {kind}")
+    return sample_unit(getattr(sample[0], "shape", ()))
 
 
 def _user_datasets(cfg):
@@ -64,10 +68,10 @@ def _user_datasets(cfg):
         raise UsageError(f"--dataset {cfg.dataset} must return (train, val) datasets (val may be None); it returned "
                          f"a {type(result).__name__}")
     train, val = result
-    check_pairs(train, f"--dataset {cfg.dataset}: the training set")
+    unit = check_pairs(train, f"--dataset {cfg.dataset}: the training set")
     if val is not None:
         check_pairs(val, f"--dataset {cfg.dataset}: the validation set")
-    return train, val
+    return train, val, unit
 
 
 def _classes(dataset, reference: str) -> int:
@@ -83,12 +87,13 @@ def _classes(dataset, reference: str) -> int:
 def from_config(cfg) -> TorchWorkload:
     """The workload cfg names: built-in names or references to the user's functions."""
     if plugins.is_reference(cfg.dataset):
-        train, val = _user_datasets(cfg)
+        train, val, unit = _user_datasets(cfg)
         x = torch.as_tensor(train[0][0])
         in_channels, image_size = (x.shape[0], x.shape[-1]) if x.ndim == 3 else (None, None)
         num_classes = None if plugins.is_reference(cfg.model) else _classes(train, cfg.dataset)
     else:
         train, val, in_channels, num_classes, image_size = data.build_datasets(cfg)
+        unit = "img"  # the built-in datasets are images
     if plugins.is_reference(cfg.model):
         model = plugins.load(cfg.model, "--model")
     else:
@@ -100,4 +105,4 @@ def from_config(cfg) -> TorchWorkload:
         def model():
             return models.build_model(cfg.model, in_channels, num_classes, image_size)
     loss = None if cfg.loss == CROSS_ENTROPY else plugins.load(cfg.loss, "--loss")
-    return TorchWorkload(model, train, val, loss, num_classes=num_classes, model_name=cfg.model)
+    return TorchWorkload(model, train, val, loss, num_classes=num_classes, model_name=cfg.model, sample_unit=unit)
