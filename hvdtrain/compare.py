@@ -24,7 +24,8 @@ import time
 
 from hvdtrain import backends, study
 from hvdtrain.errors import UsageError, report_and_exit
-from hvdtrain.compare_report import fmt, parity, record_from_result, summarize, write_markdown, write_plot
+from hvdtrain.compare_report import (fmt, parity, rate_unit, record_from_result, summarize, write_markdown,
+                                     write_plot)
 from hvdtrain.launch import launch_command, launch_env
 from hvdtrain.results import environment_fingerprint, library_versions, write_json
 from hvdtrain.workloads import WORKLOADS, custom_workload, get_workload
@@ -192,7 +193,7 @@ def measure(args, workload, backends: list[str], nps: list[int]) -> list[dict]:
                 m["repeat"] = repeat
                 measurements.append(m)
                 status = m.get("error", "").split("\n")[0] or (
-                    f"{fmt(m['total_images_per_sec'], '.2f')} img/s, val acc {fmt(m['val_acc'], '.4f')}")
+                    f"{fmt(m['total_images_per_sec'], '.2f')} {rate_unit([m])}, val acc {fmt(m['val_acc'], '.4f')}")
                 print(f"[compare] {tag}: {status} ({m['wall_seconds']:.0f} s)", flush=True)
     return measurements
 
@@ -251,7 +252,7 @@ def main(argv=None) -> None:
     report = {"workload": vars(workload), "backends": backends, "nps": nps, "repeats": args.repeats,
               "threads_per_rank": args.threads_per_rank, "launcher": args.launcher, "scaling": args.scaling,
               "scaling_rule": [workload.scaling_rule(nps[0], args.scaling)], "target_accuracy": args.target_accuracy,
-              "measurements": measurements,
+              "measurements": measurements, "unit": rate_unit(measurements),
               "summary": summarize(measurements, backends, nps, with_accuracy, target_accuracy=args.target_accuracy),
               "parity": parity(measurements, nps, args.parity_steps, args.loss_tolerance,
                                args.accuracy_tolerance, with_accuracy),

@@ -28,7 +28,7 @@ def record_from_result(result: dict, path: str) -> dict:
     ranks = result["ranks"]
     timed = [r for r in ranks if r.get("phases_ms")]
     last = (result.get("history") or [{}])[-1]
-    return {"total_images_per_sec": tp.get("total_images_per_sec"),
+    return {"total_images_per_sec": tp.get("total_images_per_sec"), "unit": tp.get("unit", "img"),
             "per_rank_images_per_sec": tp.get("per_rank_images_per_sec"),
             "val_acc": final.get("val_acc"), "val_count": final.get("val_count"),
             "loss_log": result.get("loss_log"), "param_checksums": [r["param_checksum"] for r in ranks],
@@ -137,17 +137,23 @@ def stated_overhead_lines(report: dict) -> list[str]:
     return lines
 
 
+def rate_unit(measurements: list[dict]) -> str:
+    """What the report's rates count: 'samples/s' when a run's samples were not images (a user's
+    own vectors: the result file's throughput.unit), else 'img/s'."""
+    return "samples/s" if any(m.get("unit") == "samples" for m in measurements) else "img/s"
+
+
 def reading(report: dict) -> list[str]:
     """A few generated sentences for the top of compare.md: the fastest backend at each rank
     count and by how much, the scaling, and whether parity held."""
-    lines = []
+    lines, unit = [], report.get("unit", "img/s")
     for np in report["nps"]:
         rows = sorted((r for r in report["summary"] if r["np"] == np and r["total_images_per_sec"]),
                       key=lambda r: -r["total_images_per_sec"])
         if not rows:
             continue
         best = rows[0]
-        text = f"At {np} rank(s) {best['backend']} is fastest ({best['total_images_per_sec']:.1f} img/s"
+        text = f"At {np} rank(s) {best['backend']} is fastest ({best['total_images_per_sec']:.1f} {unit}"
         if len(rows) > 1:
             text += f", {best['total_images_per_sec'] / rows[1]['total_images_per_sec'] - 1:.1%} ahead of {rows[1]['backend']}"
         text += ")"
@@ -197,10 +203,10 @@ def fmt(value, spec):
 
 
 def write_markdown(path: str, report: dict) -> None:
-    study = report.get("size_key") == "nodes"
+    study, unit = report.get("size_key") == "nodes", report.get("unit", "img/s")
     if study:
         lines = study_header(report)
-        lines += ["| backend | nodes | ranks | state | total img/s | min-max over repeats | img/s per rank | "
+        lines += [f"| backend | nodes | ranks | state | total {unit} | min-max over repeats | {unit} per rank | "
                   "E(N) | s/epoch | " + (f"time to val acc {report['target_accuracy']:g} | "
                                          if report.get("target_accuracy") is not None else "")
                   + "ms/step: data + compute + sync + optimizer + other | slowest rank |",
@@ -212,7 +218,7 @@ def write_markdown(path: str, report: dict) -> None:
                  f"{report['launcher']} launcher, {report['threads_per_rank']} thread(s) per rank, "
                  f"median of {report['repeats']} repeat(s); host {report['environment']['host']} "
                  f"({report['environment']['cpu_count']} CPUs).", "",
-                 "| backend | np | total img/s | min-max over repeats | img/s per rank | slowest rank img/s | "
+                 f"| backend | np | total {unit} | min-max over repeats | {unit} per rank | slowest rank {unit} | "
                  "scaling efficiency E(N) | overhead vs ddp | final val acc |",
                  "|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
@@ -236,8 +242,8 @@ def write_markdown(path: str, report: dict) -> None:
                          f"{fmt(r['scaling_efficiency'], '.3f')} | {fmt(r.get('overhead_vs_ddp'), '+.1%')} | "
                          f"{fmt(r['val_acc'], '.4f')} |")
     size = "node count" if study else "N"
-    lines += ["", f"E(N) = (img/s per rank at N) / (img/s per rank at the smallest {size} measured), per backend."
-              + ("" if study else " Overhead vs ddp = img/s of ddp / img/s of the backend - 1 at the same N: the "
+    lines += ["", f"E(N) = ({unit} per rank at N) / ({unit} per rank at the smallest {size} measured), per backend."
+              + ("" if study else f" Overhead vs ddp = {unit} of ddp / {unit} of the backend - 1 at the same N: the "
                                   "extra time per sample (negative: faster than ddp)."), "",
               "## Parity", ""]
     for c in report["parity"]["checks"]:
@@ -303,7 +309,7 @@ def write_plot(path: str, report: dict) -> None:
                    color=line.get_color(), alpha=0.6)
         eff = [r for r in rows if r["scaling_efficiency"]]
         ax_eff.plot([r[key] for r in eff], [r["scaling_efficiency"] for r in eff], marker="o", label=backend)
-    ax_tp.set(xlabel=xlabel, ylabel="total img/s (bars: min-max over repeats)",
+    ax_tp.set(xlabel=xlabel, ylabel=f"total {report.get('unit', 'img/s')} (bars: min-max over repeats)",
               title=f"throughput: {report['workload']['name']} (dotted: linear scaling)")
     ax_eff.set(xlabel=xlabel, ylabel="E(N)", title="scaling efficiency", ylim=(0, 1.1))
     ax_eff.axhline(1.0, linestyle=":", color="grey", alpha=0.6)

@@ -30,7 +30,7 @@ import sys
 import time
 
 from hvdtrain import slurm
-from hvdtrain.compare_report import parity, record_from_result, summarize, write_markdown, write_plot
+from hvdtrain.compare_report import parity, rate_unit, record_from_result, summarize, write_markdown, write_plot
 from hvdtrain.errors import UsageError
 from hvdtrain.results import environment_fingerprint, write_json
 
@@ -67,6 +67,34 @@ def generator_job(generator_args: list[str]) -> slurm.Job:
     return slurm.check_options(slurm.build_arg_parser().parse_args(generator_args), [])
 
 
+# Trainer options that name files: the jobs are submitted from <out>/jobs, so a path relative to
+# where the study was started would name another file there.
+PATH_OPTIONS = ("--data-dir", "--log-dir")
+REFERENCE_OPTIONS = ("--model", "--dataset", "--loss")  # FILE.py:FUNCTION (hvdtrain/plugins.py)
+
+
+def anchored(trainer_args: list[str], cwd: str) -> list[str]:
+    """trainer_args with relative paths (--data-dir DIR, --model my_net.py:build, ...) made
+    absolute from `cwd`; module references (my_pkg.nets:build) and built-in names as they are."""
+    out, i = [], 0
+    while i < len(trainer_args):
+        arg = trainer_args[i]
+        option, eq, value = arg.partition("=")
+        if option in PATH_OPTIONS + REFERENCE_OPTIONS and (eq or i + 1 < len(trainer_args)):
+            if not eq:
+                value, i = trainer_args[i + 1], i + 1
+            where, colon, name = value.rpartition(":")
+            if option in PATH_OPTIONS:
+                value = os.path.join(cwd, value)
+            elif colon and where.endswith(".py"):
+                value = f"{os.path.join(cwd, where)}:{name}"
+            out += [f"{option}={value}"] if eq else [option, value]
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 def plan(args, backends: dict, workload, sizes: list[int], generator_args: list[str]) -> dict:
     """study.json's content, with every job's script written into <out>/jobs."""
     out = os.path.abspath(args.out)
@@ -82,7 +110,7 @@ def plan(args, backends: dict, workload, sizes: list[int], generator_args: list[
                 tag = f"{label}-n{nodes}-r{repeat}"
                 run_dir = os.path.join(jobs_dir, tag)
                 trainer = ["--backend", backend.name, *backend.compare_args,
-                           *workload.scaled_args(ranks, smallest_ranks, args.scaling),
+                           *anchored(workload.scaled_args(ranks, smallest_ranks, args.scaling), os.getcwd()),
                            "--checkpoint-dir", os.path.join(run_dir, "checkpoints"),
                            "--result-json", os.path.join(run_dir, "result.json")]
                 argv = [*generator_args, "--framework", backend.framework, "--nodes", str(nodes),
@@ -214,6 +242,7 @@ def collect(out: str) -> tuple[dict, int]:
               "sizes": study["sizes"], "nps": nps, "scaling": study["scaling"],
               "scaling_rule": study["scaling_rule"], "target_accuracy": study["target_accuracy"],
               "collected_at": time.strftime("%Y-%m-%d %H:%M:%S"), "measurements": measurements,
+              "unit": rate_unit(measurements),
               "summary": summarize(measurements, study["backends"], study["sizes"], with_accuracy, size_key="nodes",
                                    target_accuracy=study["target_accuracy"]),
               # Losses of the pairs that must agree; not accuracies across frameworks, which a short

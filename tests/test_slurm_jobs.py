@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, base_env
 from slurm_helpers import (CPU_STEPS, CPU_TEMPLATE, generator, job_info, result_of, run, submit, tail, wait_for_end,
                            wait_until)
 
@@ -242,3 +242,29 @@ def test_a_rank_frozen_after_the_others_ended_does_not_hold_the_job(slurm_cluste
     assert not job_processes(), f"left behind: {job_processes()}"
     print(f"rank 1 frozen at the end: the job ended {took:.1f} s after rank 0 exited (--wait={wait}), "
           f"{info['JobState']}")
+
+
+def test_a_study_of_a_users_own_model_file_runs_its_jobs(slurm_cluster, tmp_path):
+    """`hvdtrain.compare --nodes 1 --model my_net.py:build ...` started where the user's file is,
+    as a user does: the jobs are submitted from the study's jobs/ folder, so the references are
+    made absolute in the job scripts (a relative one named a file that is not there: the job
+    failed). The job trains the user's model on the user's data and the report counts samples/s."""
+    import json
+    import shutil
+    import subprocess
+
+    shutil.copy(os.path.join(REPO, "tests", "scripts", "user_regression.py"), tmp_path / "my_regression.py")
+    refs = ["--model", "my_regression.py:build_model", "--dataset", "my_regression.py:datasets",
+            "--loss", "my_regression.py:mse"]
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.compare", "--nodes", "1", "--backends", "horovod-torch", *refs,
+                           "--train-args", "--epochs 1 --batch-size 32", "--out", "study", "--wait", "--poll", "1",
+                           "--wait-limit", "300", "--", "--cpu-only", "--cpus-per-task", "1", "--time", "10",
+                           "--signal-lead", "60"], capture_output=True, text=True, cwd=tmp_path, timeout=400,
+                          env=base_env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    [job] = (tmp_path / "study" / "jobs").glob("*.sbatch")
+    assert f"--model {tmp_path}/my_regression.py:build_model" in job.read_text()
+    report = json.loads((tmp_path / "study" / "scaling.json").read_text())
+    [row] = report["summary"]
+    assert row["state"] == "ok" and row["total_images_per_sec"] > 0, row
+    assert report["unit"] == "samples/s" and "total samples/s" in (tmp_path / "study" / "scaling.md").read_text()

@@ -113,3 +113,13 @@ def test_a_collection_needs_only_the_result_files(tmp_path):
     assert "Horovod built with: mpi_built." in table and "Weak scaling: per-rank batch 32" in table
     with pytest.raises(UsageError, match="already holds a study"):
         study.start(_args(tmp_path), {"horovod-torch": BACKENDS["horovod-torch"]}, digits, [1, 2], JOBS)
+
+
+def test_the_jobs_name_the_users_files_by_absolute_paths():
+    """Jobs are submitted from <out>/jobs: a relative --model my_net.py:build or --data-dir would
+    name files there. Module references, built-in names and absolute paths stay as they are."""
+    args = ["--model", "net.py:build", "--dataset=pkg.data:datasets", "--loss", "/abs/loss.py:mse",
+            "--data-dir", "data", "--log-dir=/logs", "--epochs", "1", "--model-args", "x.py:y"]
+    assert study.anchored(args, "/home/u") == [
+        "--model", "/home/u/net.py:build", "--dataset=pkg.data:datasets", "--loss", "/abs/loss.py:mse",
+        "--data-dir", "/home/u/data", "--log-dir=/logs", "--epochs", "1", "--model-args", "x.py:y"]

@@ -97,3 +97,4 @@ def test_the_comparison_runs_a_users_model_under_the_torch_backends(tmp_path):
     [check] = report["parity"]["checks"]
     assert check["pair"] == ["horovod-torch", "ddp"] and check["ok"] and check["steps_compared"] == 10, check
     assert all(m["total_images_per_sec"] > 0 for m in report["measurements"]), run.output[-2000:]
+    assert report["unit"] == "samples/s" and "samples/s" in run.output and "img/s" not in run.output
