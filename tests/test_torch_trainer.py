@@ -69,17 +69,20 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
     common = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "sgd", "--base-lr", "0.02",
               "--epochs", "4", "--batch-size", "32", "--threads-per-rank", "1", "--seed", "7"]
     run_trainer(tmp_path, "full", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "full")])
-    # Stop after epoch 2 (21 steps per epoch on 2 ranks), then run again: it resumes by itself.
-    first, _ = run_trainer(tmp_path, "part1", "mpirun", 2,
-                           common + ["--checkpoint-dir", str(tmp_path / "split"), "--steps", "42"])
-    assert first["global_step"] == 42 and first["epoch"] == 2
-    # A user leaving Horovod mid-run: the same checkpoint (the format holds no backend's wrapping)
-    # goes on under DDP for an epoch, then back under Horovod, and ends where the Horovod-only
-    # runs end, so each backend started from the other's weights.
-    (tmp_path / "moved").mkdir()
-    for f in (tmp_path / "split").iterdir():
-        if f.name.startswith("ckpt-e0002"):
-            (tmp_path / "moved" / f.name).write_bytes(f.read_bytes())
+    # Stopped after epoch 2 (21 steps per epoch on 2 ranks): the uninterrupted run's checkpoint
+    # there is what a stop leaves; run again, it resumes by itself. A user leaving Horovod mid-run:
+    # the same checkpoint (the format holds no backend's wrapping) goes on under DDP for an epoch,
+    # then back under Horovod, and ends where the Horovod-only runs end, so each backend started
+    # from the other's weights.
+    from hvdtrain.results import checksum_arrays
+
+    stopped = tmp_path / "full" / "ckpt-e0002-s00000042.pt"
+    for name in ("split", "moved"):
+        (tmp_path / name).mkdir()
+        for f in (tmp_path / "full").glob(stopped.name + "*"):  # with its signature
+            (tmp_path / name / f.name).write_bytes(f.read_bytes())
+    # The trainer's checksum of those weights (mnist_cnn has parameters only, in state_dict order).
+    at_stop = checksum_arrays([t.double().numpy() for t in torch.load(stopped, weights_only=True)["model"].values()])
     second, out = run_trainer(tmp_path, "part2", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "split")])
     assert "resumed from" in out.output and "ckpt-e0002-s00000042.pt" in out.output
     assert second["global_step"] == 84 and second["epoch"] == 4
@@ -94,7 +97,7 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
     # Loaded without a step, each backend holds exactly the weights the other one saved.
     loaded, _ = run_trainer(tmp_path, "ddp-load", "mpirun", 2, common + moved_dir + ["--backend", "ddp", "--steps", "42"])
     assert loaded["backend"] == "ddp" and loaded["global_step"] == 42
-    assert {r["param_checksum"] for r in loaded["ranks"]} == {first["ranks"][0]["param_checksum"]}, \
+    assert {r["param_checksum"] for r in loaded["ranks"]} == {at_stop}, \
         "DDP did not start from the Horovod run's weights"
     ddp, out = run_trainer(tmp_path, "ddp", "mpirun", 2, common + moved_dir + ["--backend", "ddp", "--steps", "63"])
     assert "ckpt-e0002-s00000042.pt" in out.output and ddp["global_step"] == 63, out.output[-2000:]
