@@ -1,7 +1,7 @@
 """A stop signal at any moment keeps its checkpoint (real ranks under mpirun and srun, each trial
-with a hard timeout): an imagefolder run with 2 DataLoader workers per rank and one-step epochs,
-so that workers start every few hundred milliseconds (training and validation), gets SIGTERM at
-a random moment, sent as Slurm sends it: to every process of the job, workers included. Every
+with a hard timeout): an imagefolder run with 2 DataLoader workers per rank (kept across epochs)
+and one-step epochs, so that epoch ends and validation passes come every few hundred
+milliseconds, gets SIGTERM at a random moment, sent as Slurm sends it: to every process of the job, workers included. Every
 trial must end with "stopped by SIGTERM at step S; checkpoint written", that checkpoint on disk,
 no traceback, and no process of the job left behind.
 
@@ -69,8 +69,8 @@ def trial(launcher: str, folder: str, tmp_path, seed: int) -> str:
         while "hvdtrain.torch: epoch 1.00:" not in open(out_path, errors="replace").read():  # the forkserver is up
             assert proc.poll() is None and time.monotonic() < deadline, open(out_path, errors="replace").read()[-3000:]
             time.sleep(0.05)
-        # A moment within the next few epochs: each is one step, then a validation pass, each
-        # starting two workers per rank, so the draws land in worker start-ups often.
+        # A moment within the next few epochs: each is one step, then a validation pass (the
+        # workers, kept, switch between them), so the draws land at epoch boundaries often.
         time.sleep(rng.uniform(0.0, 2.0))
         if launcher == "srun":
             subprocess.run(["scancel", "--signal=TERM", "--name", name], check=True, timeout=30)
