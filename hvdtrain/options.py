@@ -48,7 +48,7 @@ class Option:
         every_backend = {b.name for b in backends.BACKENDS}
         if not self.help or self.resume not in (MATCH, RESIZE, FREE) or not set(self.frameworks) <= set(FRAMEWORKS):
             raise TypeError(f"bad option declaration {self}: help, resume (MATCH, RESIZE or FREE), frameworks")
-        # The refusal says "a Horovod option": hvdtrain's own backend honours every option.
+        # The refusal names the backends that honour it (Horovod, hvdtrain's own, honours every option).
         if self.backends is not None and ("horovod" not in self.backends or not set(self.backends) <= every_backend):
             raise TypeError(f"bad option declaration {self}: backends must name backends, horovod among them")
         if self.at_least is not None and self.above is not None:
@@ -119,10 +119,19 @@ def range_problems(cfg) -> list[str]:
 
 def unhonoured(cfg) -> list[str]:
     """The options given to cfg's backend (a value other than the default) that it does not honour."""
-    return [f"{flag(f.name)} is a Horovod option, which --backend {cfg.backend} does not have (use --backend horovod)"
-            for f in dataclasses.fields(cfg)
+    return [_unhonoured_line(f.name, cfg, option(f).backends) for f in dataclasses.fields(cfg)
             if option(f).backends is not None and cfg.backend not in option(f).backends
             and getattr(cfg, f.name) != f.default]
+
+
+def _unhonoured_line(name: str, cfg, honoured_by: tuple[str, ...]) -> str:
+    """Horovod's own options are said to be; one that other backends of this framework honour too
+    (--loader: horovod and ddp) names them, not Horovod alone."""
+    mine = [b.name for b in backends.BACKENDS if b.framework == cfg.framework and b.name in honoured_by]
+    if mine == ["horovod"]:
+        return f"{flag(name)} is a Horovod option, which --backend {cfg.backend} does not have (use --backend horovod)"
+    return (f"{flag(name)} is honoured by --backend {' and '.join(mine)} only, not by --backend {cfg.backend} "
+            "(use one of those)")
 
 
 def shared(cfg) -> dict:

@@ -61,7 +61,11 @@ def test_compare_runs_every_backend_and_pairs_each_with_its_reference():
     (dict(framework="tf", backend="mwms", batches_per_allreduce=2), "--batches-per-allreduce > 1"),
     (dict(framework="tf", backend="horovod", use_adasum=True, fp16_allreduce=True), "not supported by Horovod-TF"),
     (dict(framework="tf", backend="ddp"), "unknown backend 'ddp'; valid: horovod, mwms"),
-    (dict(framework="torch", backend="accelerate", fp16_allreduce=True), "--fp16-allreduce is a Horovod option"),
+    (dict(framework="torch", backend="accelerate", fp16_allreduce=True), "--fp16-allreduce is honoured by --backend "
+                                                                         "horovod and ddp and lightning only, not by "
+                                                                         "--backend accelerate"),
+    (dict(framework="torch", backend="lightning", loader="dali"), "--loader is honoured by --backend horovod and ddp "
+                                                                  "only, not by --backend lightning"),
     (dict(framework="torch", backend="horovod", amp="fp16", use_adasum=True), "--amp fp16 with --use-adasum"),
     (dict(framework="torch", backend="lightning", batches_per_allreduce=2), "--batches-per-allreduce > 1 with "
                                                                            "--backend lightning is not supported"),
