@@ -450,13 +450,15 @@ class EpochTrainer(abc.ABC):
                       # the scaling study's time per epoch and time to an accuracy.
                       "elapsed_s": time.monotonic() - (self.meter.first_step_at or time.monotonic())}
             self.position = self.position.recorded(record)
-            rate = self.meter.images_per_sec or float("nan")
+            rate = self.meter.images_per_sec
+            # None until a step after the untimed ones was timed (a short run: --steps 2)
+            speed = f"{rate * self.world_size:.1f} {self.sample_unit}/s" if rate else f"{self.sample_unit}/s n/a"
             def acc(value):
                 return "" if value is None else f" acc {value:.4f}"
             val = (f"val loss {val_metrics['val_loss']:.4f}{acc(val_metrics['val_acc'])} "
                    f"({val_metrics['val_count']} samples)" if val_metrics else "no validation")
             self.reporter.info(f"epoch {record['epoch']:.2f}: train loss {train_metrics['train_loss']:.4f}"
-                               f"{acc(train_metrics['train_acc'])} | {val} | {rate * self.world_size:.1f} {self.sample_unit}/s")
+                               f"{acc(train_metrics['train_acc'])} | {val} | {speed}")
             if val_metrics:
                 self.reporter.scalars(at.global_step, {"val/loss": val_metrics["val_loss"],
                                                        **({"val/acc": val_metrics["val_acc"]}
