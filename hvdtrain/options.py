@@ -145,6 +145,11 @@ def resume_keys(cls, framework: str, resume: str) -> tuple[str, ...]:
                  if option(f).resume == resume and framework in option(f).frameworks)
 
 
+def not_of(cls, framework: str) -> set[str]:
+    """The fields of `cls` that `framework`'s trainer does not have (torch's --amp for TF)."""
+    return {f.name for f in dataclasses.fields(cls) if framework not in option(f).frameworks}
+
+
 def flags(cls, framework: str) -> tuple[str, ...]:
     """The fields of `cls` that are options of the command line of `framework`'s trainer."""
     return tuple(f.name for f in dataclasses.fields(cls) if option(f).flag and framework in option(f).frameworks)

@@ -319,7 +319,10 @@ class EpochTrainer(abc.ABC):
                            f"{self.plan.steps_per_epoch} steps/epoch, {self.plan.total_steps} steps in all")
         for rank, host, device, threads, _ in placement:
             self.reporter.info(f"  rank {rank}: {host} {device} threads={threads}")
-        self.reporter.info(f"config: {cfg.to_dict()}")
+        # The options of this trainer only (TF's log has no --amp or --num-workers); the result
+        # file keeps every field, as checkpoints do.
+        others = options.not_of(type(cfg), self.framework)
+        self.reporter.info(f"config: { {k: v for k, v in cfg.to_dict().items() if k not in others} }")
         self.reporter.info(f"recipe: {recipes.describe(cfg)}")
         self.reporter.info(f"backend: {self.backend.describe()}")
         heard = {rank: addresses for rank, addresses in self.listeners.items() if addresses}

@@ -94,3 +94,11 @@ def test_bounds_are_checked_as_declared():
     with pytest.raises(UsageError, match=r"--cycle-time-ms must be a finite number > 0 \(got 0\)"):
         TrainConfig(cycle_time_ms=0.0)
     TrainConfig(steps=None, threads_per_rank=None, warmup_epochs=0.0, num_workers=0)  # None and the bound pass
+
+
+def test_the_tf_trainers_log_leaves_out_torch_only_options():
+    """The start-up's config line shows the trainer's own options: TF's has no --amp or --loader."""
+    torch_only = {"amp", "channels_last", "num_workers", "loader", "feeder"}
+    assert torch_only <= options.not_of(TrainConfig, "tf")
+    assert not torch_only & options.not_of(TrainConfig, "torch")
+    assert "loop" in options.not_of(TrainConfig, "torch") and "loop" not in options.not_of(TrainConfig, "tf")
