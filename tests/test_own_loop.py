@@ -189,6 +189,15 @@ def test_other_shards_start_the_resumed_epoch_again(new_run, tmp_path):
     assert len(again.loader(DATA, 5, 0)) == 8  # batch 5, not the checkpoint's 4: all 8 batches, none skipped
 
 
+def test_the_loaders_say_their_dataset_and_batch_as_a_dataloader_does(new_run):
+    """Course code divides by `len(loader.dataset)` and reads `loader.batch_size`: the loop's
+    loaders answer with the dataset given (not a wrapper of it) and the per-rank batch."""
+    run = new_run()
+    train_batches, val_batches = run.loader(DATA, 4, 0), run.eval_loader(DATA, 8)
+    assert train_batches.dataset is DATA and val_batches.dataset is DATA and len(val_batches.dataset) == 40
+    assert train_batches.batch_size == 4 and val_batches.batch_size == 8
+
+
 def test_the_stop_vote(new_run, monkeypatch):
     run = new_run()
     assert not run.should_stop() and run.stopped_by is None

@@ -31,13 +31,25 @@ _END = object()
 
 
 class DeviceFeeder:
-    def __init__(self, loader, device: torch.device, prepare=None, depth: int = 2, threaded: bool = True):
+    def __init__(self, loader, device: torch.device, prepare=None, depth: int = 2, threaded: bool = True,
+                 dataset=None):
         self.loader, self.device, self.prepare, self.depth = loader, torch.device(device), prepare, depth
+        self.given_dataset = dataset
         self.threaded = threaded
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def __len__(self):
         return len(self.loader)
+
+    @property
+    def dataset(self):
+        """The dataset the batches come from, as a DataLoader's `.dataset` (course code divides by
+        `len(loader.dataset)`): the one given, else the loader's."""
+        return self.given_dataset if self.given_dataset is not None else getattr(self.loader, "dataset", None)
+
+    @property
+    def batch_size(self):
+        return getattr(self.loader, "batch_size", None)
 
     def _to_device(self, batch):
         x, y = batch[0], batch[1]

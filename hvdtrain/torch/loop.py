@@ -76,6 +76,14 @@ class _SeededSteps:
     def __len__(self):
         return len(self.batches)
 
+    @property
+    def dataset(self):  # your dataset, as a DataLoader's .dataset
+        return self.batches.dataset
+
+    @property
+    def batch_size(self):  # per rank
+        return self.batches.batch_size
+
     def __iter__(self):
         from hvdtrain.torch.train import step_seed
 
@@ -140,7 +148,7 @@ class Run:
         hvdtrain/torch/images.py) as normalised floats."""
         normalization = data.input_normalization(dataset)
         return DeviceFeeder(loader, self.device, lambda x: images.to_model_input(x, normalization),
-                            threaded=data.feeds_on_thread(loader))
+                            threaded=data.feeds_on_thread(loader), dataset=dataset)
 
     def sum(self, values) -> torch.Tensor:  # over ranks, float64 on the CPU: e.g. (loss sum, count)
         local = np.atleast_1d(torch.as_tensor(values).detach().cpu().double().numpy())
