@@ -209,6 +209,42 @@ def test_the_stop_vote(new_run, monkeypatch):
     assert run.should_stop() and run.stopped_by == "SIGTERM"
 
 
+def test_a_failed_background_interval_write_ends_the_loop_at_the_next_vote(new_run, tmp_path, monkeypatch):
+    """start(checkpoint_every=2): the interval checkpoint is written in the background; when that
+    write fails (a full disk), the next should_stop() ends every rank with its one line, naming
+    the checkpoint that is still whole; the write before it succeeded."""
+    import errno
+
+    from hvdtrain import checkpoint as ckpt
+
+    run = loop.Run(OneRank(), TrainConfig(seed=0, checkpoint_every="2", checkpoint_dir=str(tmp_path)),
+                   torch.device("cpu"), Watchdog(0, "test", 0, 1))
+    model, optimizer = model_and_optimizer(run)
+    run.resume(str(tmp_path), model, optimizer)
+    batches = iter(run.loader(DATA, 4, 0))
+    for _ in range(2):
+        next(batches)
+        run.step_done()
+    assert not run.should_stop()  # step 2: the first interval checkpoint, in the background
+    run.writer.wait()
+    first = ckpt.latest_checkpoint(str(tmp_path))
+    assert first.endswith("ckpt-e0000-s00000002.pt")
+
+    def full(path, write, signed):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt, "atomic_write", full)
+    for _ in range(2):
+        next(batches)
+        run.step_done()
+    assert not run.should_stop()  # step 4: its write fails on the writer's thread
+    run.writer.wait()
+    with pytest.raises(SystemExit) as ended:
+        run.should_stop()
+    assert f"could not write a checkpoint in {tmp_path} (No space left on device" in str(ended.value)
+    assert str(ended.value).endswith(f"the newest checkpoint is still {first}")
+
+
 def test_bad_input_is_one_line(new_run, tmp_path):
     run = new_run()
     model, optimizer = model_and_optimizer(run)
