@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (PYTHON, assert_each_rank_failed_with, base_env, launch,
-                      launch_each_rank_to_its_end, rank_pids)
+from conftest import (PYTHON, assert_each_rank_failed_with, base_env, finish_launch, launch,
+                      launch_each_rank_to_its_end, rank_pids, start_launch)
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -277,27 +277,43 @@ def _newest_weights(ckpt_dir) -> dict:
 
 
 def test_mid_epoch_resume_on_image_files_ends_with_the_same_weights(tmp_path):
-    """Stopped in the middle of an epoch on image files (random crops and flips drawn per sample
-    and epoch, stateless), resumed, the run ends with the weights of an uninterrupted one.
+    """Killed in the middle of an epoch on image files (random crops and flips drawn per sample
+    and epoch, stateless) while rank 0 writes a checkpoint, resumed from the interval checkpoint
+    before it, the run ends with the weights of an uninterrupted one.
     ResNet-18: no dropout, whose TF draws come from a stream a checkpoint does not hold."""
     from hvdtrain.datasets import write_digits_imagefolder
 
     data = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=4, per_class_val=1, size=32)
-    # 40 images, batch 4 on 2 ranks: 5 steps per epoch; the stop at step 3 is inside epoch 1.
+    # 40 images, batch 4 on 2 ranks: 5 steps per epoch, 10 in all.
     common = ["--model", "resnet18", "--dataset", "imagefolder", "--data-dir", data, "--image-size", "32",
               "--batch-size", "4", "--epochs", "2", "--optimizer", "sgd", "--base-lr", "0.01", "--warmup-epochs", "0",
               "--threads-per-rank", "1", "--seed", "5", "--loop", "custom"]
-    # The uninterrupted run also writes a checkpoint at step 3 (--checkpoint-every, in the
-    # background): what a stop there, or a crash after it, leaves. The rerun starts from it alone.
-    run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), "--checkpoint-every", "3", "--keep-checkpoints", "9"],
-           timeout=300)
+    # Interval checkpoints every 3 steps, written in the background, and the epochs' ends.
+    every = ["--checkpoint-every", "3", "--keep-checkpoints", "9"]
+    run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every], timeout=300)
     saved = sorted(os.listdir(tmp_path / "full"))
     assert saved == ["ckpt-e0000-s00000003.npz", "ckpt-e0001-s00000005.npz", "ckpt-e0001-s00000006.npz",
                      "ckpt-e0001-s00000009.npz", "ckpt-e0002-s00000010.npz"], saved  # every 3 steps, and epoch ends
-    os.makedirs(tmp_path / "split")
-    shutil.copy(tmp_path / "full" / "ckpt-e0000-s00000003.npz", tmp_path / "split")
-    second = run_tf(common + ["--checkpoint-dir", str(tmp_path / "split")], timeout=300)
-    assert "resumed from" in second.output and "step 3" in second.output, second.output[-2000:]
+    # The same run, each write slowed to 0.6 s (a slow parallel file system), rank 0 SIGKILLed (a
+    # node crash: no signal) while it writes a checkpoint after step 6's: its temporary file is
+    # there. The previous checkpoint, in the middle of epoch 2, is whole and the rerun starts there.
+    split = tmp_path / "split"
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
+    proc = start_launch("mpirun", 2, TRAIN + common + ["--checkpoint-dir", str(split), *every], env=env)
+    deadline = time.monotonic() + 240
+    while not (split.is_dir() and "ckpt-e0001-s00000006.npz" in os.listdir(split)
+               and any(n.startswith(".tmp-hvdtrain-") and not n.endswith(".sig") for n in os.listdir(split))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    [rank0] = rank_pids(str(split), 0)
+    os.kill(rank0, signal.SIGKILL)
+    killed, _ = finish_launch(proc, timeout=60)
+    assert killed.returncode != 0
+    newest = max(n for n in os.listdir(split) if n.endswith(".npz"))
+    assert newest in ("ckpt-e0001-s00000006.npz", "ckpt-e0001-s00000009.npz"), os.listdir(split)  # mid-epoch 2
+    second = run_tf(common + ["--checkpoint-dir", str(split)], timeout=300)
+    assert "left by an interrupted checkpoint write" in second.output, second.output[-2000:]
+    assert f"resumed from {split / newest}" in second.output, second.output[-2000:]
     full, split = _newest_weights(tmp_path / "full"), _newest_weights(tmp_path / "split")
     assert sorted(full) == sorted(split) and len(full) > 50
     for name, value in full.items():
