@@ -268,3 +268,7 @@ def test_a_study_of_a_users_own_model_file_runs_its_jobs(slurm_cluster, tmp_path
     [row] = report["summary"]
     assert row["state"] == "ok" and row["total_images_per_sec"] > 0, row
     assert report["unit"] == "samples/s" and "total samples/s" in (tmp_path / "study" / "scaling.md").read_text()
+    # --wait returned once the job had left Slurm's queue, not when its result file appeared (the
+    # job's srun then still waited on its tasks' end, and was orphaned when the cluster stopped).
+    queued = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, env=base_env())
+    assert "hvdtrain-horovod-torch-n1-r0" not in queued.stdout, queued.stdout
