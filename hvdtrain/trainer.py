@@ -275,7 +275,7 @@ class EpochTrainer(abc.ABC):
 
     def _check_background_write(self) -> None:
         """Every rank, after each step while rank 0 writes a checkpoint in the background: has it
-        ended, and how? A failure (disk full, a directory gone) ends every rank with rank 0's line
+        ended, and how? A failure (disk full, a read-only file system) ends every rank with rank 0's line
         at the next step, not at the next checkpoint; a small reduction, only while a write runs."""
         busy, failed = self.backend.allreduce_sum(np.array(self.writer.state(), dtype=np.float64), "checkpoint_write")
         if failed:
