@@ -176,7 +176,15 @@ def test_an_interrupted_comparison_leaves_no_process(tmp_path, request, launcher
     assert proc.returncode == 130 and "[compare] interrupted" in out, out[-3000:]
     assert not processes_left(mark, grace=30), processes_left(mark, grace=0)
     if launcher == "srun":
-        queued = subprocess.run(["squeue", "--noheader", "--format=%i %j"], capture_output=True, text=True).stdout
+        # Slurm itself takes a moment to release the ended step's allocation (COMPLETING): seconds
+        # on a loaded machine. Gone within a minute, or left behind.
+        deadline = time.monotonic() + 60
+        while True:
+            queued = subprocess.run(["squeue", "--noheader", "--format=%i %j %T"], capture_output=True,
+                                    text=True).stdout
+            if "hvdtrain-compare" not in queued or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert "hvdtrain-compare" not in queued, queued
 
 

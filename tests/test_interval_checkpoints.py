@@ -85,5 +85,8 @@ def test_a_time_interval_is_agreed_by_every_rank_at_one_step(tmp_path):
                  env=env)
     steps = [step_of(p) for p in list_checkpoints(str(ckpt))]
     middle = [s for s in steps if s not in (21, 42)]
-    assert middle and all(s % 3 == 0 for s in middle), steps  # at log intervals (every 3 steps)
+    # At the steps where the ranks reduce: log intervals (every 3 steps), or the step after an
+    # epoch's last one (step 21's reduction voted; the epoch's end has its own checkpoint, so the
+    # interval's is taken at the next epoch's first step). Seen under load: [6, 12, 22, 27, ...].
+    assert middle and all(s % 3 == 0 or s == 22 for s in middle), steps
     assert "checkpoint" in run.output

@@ -307,9 +307,11 @@ def test_ranks_on_one_host_listen_on_loopback_only(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     assert not exposed(sockets[0] + sockets[1]), sockets
-    doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor"], timeout=180)
+    # (Its evenness verdict is not this test's subject: a loaded machine made rank 1 "45 % below".)
+    lenient = ["--slow-fraction", "0.95"]
+    doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor", *lenient], timeout=180)
     assert "rank 0 listens on: nothing" in doctor.output and "rank 1 listens on: nothing" in doctor.output
     env = base_env()
     env["OMPI_MCA_btl"] = "self,vader,tcp"
-    doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor"], timeout=180, env=env)
+    doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor", *lenient], timeout=180, env=env)
     assert "reachable from other hosts" in doctor.output and "(yours, kept:" in doctor.output, doctor.output[-3000:]

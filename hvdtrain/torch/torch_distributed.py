@@ -71,6 +71,11 @@ def start_process_group() -> ClusterEnv:
         torch.distributed.init_process_group(backend, init_method="env://")
     else:
         torch.distributed.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size)
+    # Every rank's group is whole before any goes on: one that fails right after (a refusal) and
+    # exits would otherwise break a peer still in the Gloo handshake, whose traceback ("Connection
+    # reset by peer") then hides that peer's own line. A CPU tensor: Gloo's half (barrier() would
+    # pick NCCL on GPUs, on GPU 0 of every rank before the trainer sets each rank's device).
+    torch.distributed.all_reduce(torch.zeros(1))
     return env
 
 
