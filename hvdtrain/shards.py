@@ -227,6 +227,8 @@ def write(out: str, classes: list[str], splits: dict[str, list[Source]], shard_m
     tmp = os.path.join(out, MANIFEST + ".partial")
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before its name says the shards are whole, as each shard is
     os.replace(tmp, os.path.join(out, MANIFEST))
     return manifest
 
