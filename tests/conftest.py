@@ -365,6 +365,28 @@ def finish_launch(proc: subprocess.Popen, timeout: float) -> tuple[Launch, float
     return Launch(proc.returncode, out, proc.args), time.monotonic() - started
 
 
+def kill_rank0_while_writing(proc: subprocess.Popen, ckpt_dir, written, timeout: float) -> Launch:
+    """SIGKILL rank 0 of the background launch `proc` (a node crash: no signal to catch) once
+    `written()` holds and a checkpoint write is in flight in `ckpt_dir` (its temporary file is
+    there; the test slows the writes: HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE). The ended launch,
+    which must have failed."""
+    import time
+
+    def writing() -> bool:
+        names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+        return any(n.startswith(".tmp-hvdtrain-") and not n.endswith(".sig") for n in names) and written()
+
+    deadline = time.monotonic() + timeout
+    while not writing():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    [rank0] = rank_pids(str(ckpt_dir), 0)
+    os.kill(rank0, signal.SIGKILL)
+    killed, _ = finish_launch(proc, timeout=60)
+    assert killed.returncode != 0
+    return killed
+
+
 def usr1_to_rank0_once(argv: list[str], log, unique: str, ready: str, timeout: float = 120) -> str:
     """Launch `argv` on 2 ranks (mpirun), output to the file `log`; once `ready` appears in it,
     SIGUSR1 to rank 0 only (rank 1 must learn it from the ranks' vote); the job must end with

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, assert_weights_equal, base_env, finish_launch, launch, rank_pids, start_launch
+from conftest import PYTHON, assert_weights_equal, base_env, kill_rank0_while_writing, launch, start_launch
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -36,15 +36,7 @@ def test_rank0_killed_mid_epoch_while_writing_resumes_at_the_last_interval_with_
     # a write is in flight (its temporary file is there).
     env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.1", "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
     proc = start_launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5"], env=env)
-    deadline = time.monotonic() + 120
-    while not (any(step_of(p) >= 25 for p in list_checkpoints(str(part)))
-               and any(n.startswith(".tmp-hvdtrain-") and not n.endswith(".sig") for n in os.listdir(part))):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.02)
-    [rank0] = rank_pids(str(part), 0)
-    os.kill(rank0, signal.SIGKILL)
-    killed, _ = finish_launch(proc, timeout=60)
-    assert killed.returncode != 0
+    kill_rank0_while_writing(proc, part, lambda: any(step_of(p) >= 25 for p in list_checkpoints(str(part))), 120)
     newest = step_of(latest_checkpoint(str(part)))
     assert 25 <= newest < 42 and newest % 5 == 0, newest  # not the epoch's start (step 21)
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (PYTHON, assert_each_rank_failed_with, base_env, finish_launch, launch,
+from conftest import (PYTHON, assert_each_rank_failed_with, base_env, kill_rank0_while_writing, launch,
                       launch_each_rank_to_its_end, rank_pids, start_launch)
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
@@ -300,15 +300,7 @@ def test_mid_epoch_resume_on_image_files_ends_with_the_same_weights(tmp_path):
     split = tmp_path / "split"
     env = {**base_env(), "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
     proc = start_launch("mpirun", 2, TRAIN + common + ["--checkpoint-dir", str(split), *every], env=env)
-    deadline = time.monotonic() + 240
-    while not (split.is_dir() and "ckpt-e0001-s00000006.npz" in os.listdir(split)
-               and any(n.startswith(".tmp-hvdtrain-") and not n.endswith(".sig") for n in os.listdir(split))):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.02)
-    [rank0] = rank_pids(str(split), 0)
-    os.kill(rank0, signal.SIGKILL)
-    killed, _ = finish_launch(proc, timeout=60)
-    assert killed.returncode != 0
+    kill_rank0_while_writing(proc, split, lambda: (split / "ckpt-e0001-s00000006.npz").exists(), 240)
     newest = max(n for n in os.listdir(split) if n.endswith(".npz"))
     assert newest in ("ckpt-e0001-s00000006.npz", "ckpt-e0001-s00000009.npz"), os.listdir(split)  # mid-epoch 2
     second = run_tf(common + ["--checkpoint-dir", str(split)], timeout=300)
