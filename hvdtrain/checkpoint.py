@@ -103,9 +103,7 @@ class Writer:
         its path, said before anything else is written), then `capture()` -> (path, write(fileobj),
         signed) copies the state to host memory and write() writes it. The failure's one line, for
         the caller to broadcast to every rank, or None."""
-        self.wait()
-        error = self.error()
-        self.say_written()
+        error = self.finish()
         if error:
             return error
         try:

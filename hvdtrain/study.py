@@ -167,9 +167,9 @@ def submit(out: str, study: dict) -> None:
 
 
 def slurm_state(job_id: str) -> tuple[str | None, str]:
-    """(state, detail) of a job: squeue while it is queued or running, scontrol once it ended;
-    (None, why) when Slurm cannot be asked. For a job without a result file, "failed" once it
-    ended."""
+    """(state, detail) of a job: squeue while it is queued or running, scontrol once it ended
+    ("failed" when it ended: asked about jobs without a result file, or still running);
+    (None, why) when Slurm cannot be asked."""
     try:
         queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
                                 timeout=60)
@@ -211,14 +211,11 @@ def measurement(out: str, job: dict) -> dict:
     if os.path.exists(job["result_json"]):
         with open(job["result_json"]) as f:
             result = json.load(f)
-        state, m["ending"] = "ok", False
-        if job["job_id"]:
+        state = "ok"
+        if result.get("stopped_by") and job["job_id"]:
+            # Stopped before its time limit and requeued: the result is not the job's last word yet.
             active, _ = slurm_state(job["job_id"])
-            if result.get("stopped_by") and active in ACTIVE:
-                state = active  # stopped before its time limit and requeued: not the job's last word yet
-            # The result is written before the job has ended (the ranks' shutdown, srun's wait for
-            # the other tasks): --wait waits for that too, so that nothing of the study still runs.
-            m["ending"] = active in ACTIVE
+            state = active if active in ACTIVE else "ok"
         m.update(record_from_result(result, job["result_json"]), state=state)
         return m
     if not job["job_id"]:
@@ -268,7 +265,10 @@ def wait_and_collect(out: str, poll: float, limit: float) -> tuple[dict, int]:
     deadline = time.monotonic() + limit
     while True:
         report, status = collect(out)
-        waiting = [m["tag"] for m in report["measurements"] if m["state"] in ACTIVE or m.get("ending")]
+        # A result file is written before its job has ended (the ranks' shutdown, srun's wait on
+        # the other tasks): wait for that too, so that nothing of the study still runs.
+        waiting = [m["tag"] for m in report["measurements"] if m["state"] in ACTIVE or
+                   (m["state"] == "ok" and m["job_id"] and slurm_state(m["job_id"])[0] in ACTIVE)]
         if not waiting or time.monotonic() > deadline:
             return report, status
         print(f"[study] waiting for {len(waiting)} job(s): {', '.join(waiting)}", flush=True)

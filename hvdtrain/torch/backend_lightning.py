@@ -60,7 +60,6 @@ class LightningBackend(TorchDistributedBackend):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             hook = default_hooks.fp16_compress_hook
-        refusal = None
         try:
             # Lightning picks the cluster environment itself, as its users' scripts let it.
             self.trainer = self.pl.Trainer(
@@ -74,14 +73,9 @@ class LightningBackend(TorchDistributedBackend):
                 logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         except (RuntimeError, ValueError, MisconfigurationException) as err:
             # Its SLURM checks (srun -n without --ntasks-per-node), fp16 AMP on a CPU
-            refusal = f"PyTorch Lightning refuses this launch: {err}"
-        # Found after the process group started, so the ranks agree before any exits: a rank that
-        # left at once broke a peer still inside init_process_group's Gloo handshake (CI: rank 1's
-        # "DistNetworkError: Connection reset by peer" traceback instead of its own line).
-        refusals = [None] * env.world_size
-        self.dist.all_gather_object(refusals, refusal)
-        if refusal or any(refusals):
-            raise UsageError(refusal or next(f"rank {r}: {text}" for r, text in enumerate(refusals) if text))
+            # Found alike on every rank, after the process group started: start_process_group ends
+            # with a collective, so no rank leaves while a peer is still joining the group.
+            raise UsageError(f"PyTorch Lightning refuses this launch: {err}") from None
         self.environment = type(self.trainer.strategy.cluster_environment).__name__
         self.threads_in_loop = None
 
