@@ -253,6 +253,32 @@ def pytest_runtest_logreport(report):
     _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat): with nothing else
+    running, a test's share includes its ranks, their launchers and the Slurm daemons, which
+    RUSAGE_CHILDREN would miss."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item._busy_start = _busy_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's machine-wide busy CPU seconds (set-up to teardown), next to its wall time in
+    the JUnit XML (property `busy_cpu_s`): a test whose CPU is far below its wall time on 2 cores
+    is waiting (a poll, a timeout, Slurm), which the budget can cut without weakening it."""
+    if call.when == "teardown" and hasattr(item, "_busy_start"):
+        item.user_properties.append(("busy_cpu_s", round(_busy_seconds() - item._busy_start, 1)))
+    yield
+
+
 def pytest_terminal_summary(terminalreporter):
     import budget
 
