@@ -59,16 +59,16 @@ def wait_for_end(job_id: str, log: str, timeout: float, restarts: int = 0, env: 
     """The job's final record, once it ended (after `restarts` requeues)."""
     final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
-    seen_final = []
+    seen_final = []  # when a final state was first seen
 
     def ended():
         info = job_info(job_id, env)
         if info.get("JobState") not in final:
             return None
-        seen_final.append(info)
-        # Fewer restarts than expected: give a requeue in flight a few polls, then report it.
-        return info if int(info.get("Restarts", 0)) >= restarts or len(seen_final) > 3 else None
-    return wait_until(f"the end (after {restarts} restart(s))", ended, timeout, job_id, log, every=2.0, env=env)
+        seen_final.append(time.monotonic())
+        # Fewer restarts than expected: give a requeue in flight 6 s, then report it.
+        return info if int(info.get("Restarts", 0)) >= restarts or time.monotonic() - seen_final[0] > 6 else None
+    return wait_until(f"the end (after {restarts} restart(s))", ended, timeout, job_id, log, every=0.5, env=env)
 
 
 def submit(script: str, cwd: str, *options: str) -> tuple[str, str]:
