@@ -99,7 +99,7 @@ def test_gpu_template_options_checkpoint_and_resume_under_every_torch_backend(tm
     # (fp16 on a CPU is slow: 0.6 s a step for this ResNet at 32 px channels-last, 2.5 s without.)
     data = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=7, per_class_val=2, size=16)
     gpu_options = ["--model", "resnet18", *template[2:], "--dataset", "imagefolder", "--data-dir", data,
-                   "--image-size", "16", "--channels-last", "on", "--num-workers", "2", "--warmup-epochs", "1"]
+                   "--image-size", "16", "--channels-last", "on", "--num-workers", "0", "--warmup-epochs", "1"]
     first = train(tmp_path, "first", "horovod", gpu_options + ["--epochs", "1", "--checkpoint-dir",
                                                                 str(tmp_path / "ckpt")])
     assert_ranks_equal(first)
