@@ -104,7 +104,7 @@ start() {
     for i in $(seq 1 60); do
         state=$(sinfo -h -n "$NODE" -o %T 2>/dev/null || true)
         case "$state" in idle|mixed|allocated) break ;; esac
-        sleep 1
+        sleep 0.25
     done
     case "$state" in
         idle|mixed|allocated) ;;

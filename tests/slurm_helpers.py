@@ -103,15 +103,20 @@ def write_cluster_config(directory: str, name: str, nodes: str, munge_socket: st
 
 
 def stop_daemons(pid_files: list[str]) -> None:
+    """SIGTERM to every daemon at once, then up to 10 s for each to go (each saves its state)."""
+    pids = []
     for pid_file in pid_files:
         try:
             pid = int(open(pid_file).read())
             os.kill(pid, 15)
+            pids.append(pid)
         except (OSError, ValueError):
             continue
-        for _ in range(40):
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while time.monotonic() < deadline:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 break
-            time.sleep(0.25)
+            time.sleep(0.05)

@@ -191,11 +191,11 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
 
 # ------------------------------------------------------------------------------ srun --wait: a rank frozen at the end
 def test_a_rank_frozen_after_the_others_ended_does_not_hold_the_job(slurm_cluster, tmp_path):
-    """The generator's script with `--srun-wait 10`, whose rank 1 task freezes itself (SIGSTOP)
+    """The generator's script with `--srun-wait 4`, whose rank 1 task freezes itself (SIGSTOP)
     right after its trainer ended, as a rank stuck at the end of its run (a driver, a file
-    system) would: Slurm ends the step about 10 s after rank 0 exited, instead of letting the
+    system) would: Slurm ends the step about 4 s after rank 0 exited, instead of letting the
     frozen rank hold the node until the time limit (10 minutes here)."""
-    wait = 10
+    wait = 4
     script = tmp_path / "frozen.sbatch"
     assert generator("--cpu-only", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "10",
                      "--signal-lead", "60", "--srun-wait", str(wait), "--job-name", "hvdtrain-frozen",

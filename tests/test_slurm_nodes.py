@@ -74,7 +74,7 @@ def three_node_cluster(slurm_cluster, tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"three-node cluster not idle after 90 s: {run(['sinfo', '-N'], env=env, check=False)}\n"
                             f"{tail(str(d / 'log' / 'slurmctld.log'))}")
-            time.sleep(1)
+            time.sleep(0.25)
         yield {"env": env, "dir": str(d)}
     finally:
         stop_daemons([str(d / "run" / f"{name}.pid")
