@@ -150,3 +150,15 @@ def test_a_corrupt_image_file_is_named(tmp_path):
     bad.write_bytes(b"\xff\xd8 not really a jpeg")
     with pytest.raises(BadSample, match=f"cannot read image {bad} \\("):
         images.load_file(str(bad))
+
+
+def test_the_tf_trainer_refuses_shards_in_one_line(folder, tmp_path):
+    """hvdtrain.tf reads image folders through tf.data, not shards (docs/data.md's scope): one
+    line naming both trainers, exit 2, before TensorFlow is imported (0.1 s)."""
+    written = str(tmp_path / "shards")
+    shards.write(written, *shards.imagefolder_sources(folder), progress=False)
+    run = subprocess.run([PYTHON, "-m", "hvdtrain.tf", "--model", "mnist_cnn", "--dataset", "shards", "--data-dir",
+                          written], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stdout == "", run
+    assert run.stderr.strip().splitlines() == ["hvdtrain.tf: error [rank 0/1]: --dataset shards is read by "
+                                               "hvdtrain.torch only; hvdtrain.tf reads --dataset imagefolder"], run.stderr
