@@ -59,15 +59,15 @@ def wait_for_end(job_id: str, log: str, timeout: float, restarts: int = 0, env: 
     """The job's final record, once it ended (after `restarts` requeues)."""
     final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
-    seen_final = []  # when a final state was first seen
+    first_final = []  # when a final state was first seen
 
     def ended():
         info = job_info(job_id, env)
         if info.get("JobState") not in final:
             return None
-        seen_final.append(time.monotonic())
+        first_final[:] = first_final or [time.monotonic()]
         # Fewer restarts than expected: give a requeue in flight 6 s, then report it.
-        return info if int(info.get("Restarts", 0)) >= restarts or time.monotonic() - seen_final[0] > 6 else None
+        return info if int(info.get("Restarts", 0)) >= restarts or time.monotonic() - first_final[0] > 6 else None
     return wait_until(f"the end (after {restarts} restart(s))", ended, timeout, job_id, log, every=0.5, env=env)
 
 
@@ -103,7 +103,7 @@ def write_cluster_config(directory: str, name: str, nodes: str, munge_socket: st
 
 
 def stop_daemons(pid_files: list[str]) -> None:
-    """SIGTERM to every daemon at once, then up to 10 s for each to go (each saves its state)."""
+    """SIGTERM to every daemon at once, then up to 10 s in all for them to go (each saves its state)."""
     pids = []
     for pid_file in pid_files:
         try:

@@ -7,8 +7,6 @@ line at the next step."""
 import json
 import os
 import re
-import signal
-import time
 
 import pytest
 

@@ -9,7 +9,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import threading
