@@ -25,6 +25,27 @@ def test_it_needs_a_checkpoint_directory():
         TrainConfig(checkpoint_every="100")
 
 
+@pytest.mark.parametrize("every, directory, line", [
+    ("5x", "ckpt", "checkpoint_every takes a number of steps (2000) or of seconds, minutes or hours (90s, 30m, 2h), "
+                   "above 0; got '5x'"),
+    (0, "ckpt", "checkpoint_every takes a number of steps (2000) or of seconds, minutes or hours (90s, 30m, 2h), "
+                "above 0; got '0'"),
+    (2.5, "ckpt", "checkpoint_every takes a number of steps (2000) or a time ('30m', '90s', '2h'); got 2.5"),
+    (100, None, "checkpoint_every needs checkpoint_dir"),
+])
+def test_the_keras_callbacks_say_a_bad_interval_in_their_own_terms(every, directory, line):
+    """hvdtrain.tf.callbacks(checkpoint_every=...): the option's check, in the API's names."""
+    from types import SimpleNamespace
+
+    from hvdtrain.tf.keras_callbacks import Job
+
+    job = SimpleNamespace(cfg=TrainConfig(framework="tf", loop="fit"), is_rank0=True)
+    with pytest.raises(UsageError) as raised:
+        Job._interval(job, every, directory)
+    assert str(raised.value) == f"hvdtrain.tf.callbacks(): {line}"
+    assert Job._interval(job, "30m", "ckpt").seconds == 1800 and Job._interval(job, 7, "ckpt").steps == 7
+
+
 # ------------------------------------------------------------------ the background writer
 import errno  # noqa: E402
 import os  # noqa: E402

@@ -1,8 +1,15 @@
-"""hvdtrain.tf.callbacks (your own Keras model.fit, Horovod underneath): tf_examples/keras_own_fit.py
-under `mpirun -np 2`, twice. The first run gets SIGUSR1 on rank 0 alone after its first epoch:
-every rank stops at the same batch (the vote) and rank 0 writes a checkpoint there. The second
-run resumes at the right epoch (the stopped one again if it was stopped mid-epoch), steps exactly
-the batches left, reaches >= 0.9 validation accuracy, and both ranks end with equal weights.
+"""hvdtrain.tf.callbacks (your own Keras model.fit, Horovod underneath) under `mpirun -np 2`.
+
+tf_examples/keras_own_fit.py twice: the first run gets SIGUSR1 on rank 0 alone after its first
+epoch: every rank stops at the same batch (the vote) and rank 0 writes a checkpoint there. The
+second run resumes at that batch of that epoch, steps exactly the batches left, reaches >= 0.9
+validation accuracy, and both ranks end with equal weights.
+
+checkpoint_every= (tests/scripts/keras_own_fit_ordered.py, a user's fit whose data order and
+layers let a resume end with an uninterrupted run's very weights): a time interval agreed by the
+ranks, rank 0 SIGKILLed while its background writer writes and the rerun resuming at the last
+interval with the uninterrupted weights, a write that fails in the writer's thread ending every
+rank with one line before the epoch's end.
 
     python -m pytest -q tests/test_tf_own_fit.py
 """
@@ -14,7 +21,9 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, REPO, base_env, launch, usr1_to_rank0_once
+from conftest import (PYTHON, REPO, assert_each_rank_failed_with, base_env, kill_rank0_while_writing, launch,
+                      launch_each_rank_to_its_end, small_filesystem, start_launch, usr1_to_rank0_once)
+from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -39,17 +48,18 @@ def test_own_keras_fit_stops_on_sigusr1_resumes_and_trains(tmp_path):
     # Every 10 batches and at the epoch's end: the vote's only places.
     assert batches % 10 == 0 or batches == BATCHES_PER_EPOCH, first[-3000:]
     steps = (epoch - 1) * BATCHES_PER_EPOCH + batches
-    # A stop mid-epoch resumes that epoch from its first batch; at its end, the next epoch.
-    start = epoch if batches == BATCHES_PER_EPOCH else epoch - 1
+    # A stop mid-epoch resumes at that batch of that epoch; at its end, at the next epoch.
+    start, done = (epoch, 0) if batches == BATCHES_PER_EPOCH else (epoch - 1, batches)
     saved = re.findall(r"hvdtrain.tf: checkpoint (\S+)", first)[-1]
     assert os.path.basename(saved) == f"ckpt-e{start:04d}-s{steps:08d}.npz", first[-3000:]
 
     second = launch("mpirun", 2, argv, timeout=120).output
-    assert f"resumed from {saved} at epoch {start + 1}" in second, second[-3000:]
+    assert f"resumed from {saved} at epoch {start + 1} after {done} batch(es)" in second, second[-3000:]
     ran = [int(n) for n in re.findall(rf"<stdout>:Epoch (\d+)/{EPOCHS}", second)]
     assert ran == list(range(start + 1, EPOCHS + 1)), second[-3000:]
-    # Exactly the batches left (and the interrupted epoch's again): steps of the last checkpoint.
-    last = steps + (EPOCHS - start) * BATCHES_PER_EPOCH
+    # Exactly the batches left (the stopped epoch's first ones read again, not trained): the
+    # steps of the last checkpoint are those of a run never stopped.
+    last = EPOCHS * BATCHES_PER_EPOCH
     newest = re.findall(r"hvdtrain.tf: checkpoint (\S+)", second)[-1]
     assert os.path.basename(newest) == f"ckpt-e{EPOCHS:04d}-s{last:08d}.npz", second[-3000:]
     accuracy = float(re.search(r"\[1,0\]<stdout>:val_accuracy=([0-9.]+) \(397 samples, 2 ranks\)", second).group(1))
@@ -57,3 +67,77 @@ def test_own_keras_fit_stops_on_sigusr1_resumes_and_trains(tmp_path):
     sums = dict(re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", second))
     assert len(sums) == 2 and sums["0"] == sums["1"], second[-3000:]
     assert "Traceback" not in first + second
+
+
+ORDERED = os.path.join(REPO, "tests", "scripts", "keras_own_fit_ordered.py")
+ORDERED_STEPS = 3 * BATCHES_PER_EPOCH  # its 3 epochs
+
+
+def step_of(path: str) -> int:
+    return int(re.search(r"-s(\d+)\.npz$", path).group(1))
+
+
+def checksums(output: str) -> dict:
+    return dict(re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", output))
+
+
+@pytest.fixture(scope="module")
+def ordered_uninterrupted(tmp_path_factory):
+    """The ordered fit to its end with checkpoint_every='0.3s' and rank 1 slower (its own clock
+    would say 'due' at other steps): only rank 0's clock counts, through the vote every rank
+    joins, so every rank checkpoints at the same step, else the checkpoint's collectives would
+    be mismatched (a hang, a crash). (The checkpoints do not change the weights: no BatchNorm.)"""
+    ckpt_dir = tmp_path_factory.mktemp("ordered") / "ckpt"
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.03"}
+    run = launch("mpirun", 2, [PYTHON, ORDERED, "--checkpoint-dir", str(ckpt_dir), "--checkpoint-every", "0.3s"],
+                 timeout=120, env=env)
+    return run.output, str(ckpt_dir)
+
+
+def test_keras_fit_time_interval_is_agreed_by_every_rank(ordered_uninterrupted):
+    output, ckpt_dir = ordered_uninterrupted
+    steps = [step_of(p) for p in list_checkpoints(ckpt_dir)]
+    middle = [s for s in steps if s % BATCHES_PER_EPOCH]
+    assert len(middle) >= 2 and steps[-1] == ORDERED_STEPS, (steps, output[-3000:])
+    sums = checksums(output)
+    assert len(sums) == 2 and sums["0"] == sums["1"], output[-3000:]
+
+
+def test_keras_fit_killed_while_writing_resumes_at_its_interval_with_the_uninterrupted_weights(
+        ordered_uninterrupted, tmp_path):
+    """checkpoint_every=5, rank 1 slowed, each write slowed to 0.6 s (several steps: written in the
+    background); rank 0 SIGKILLed (no signal to catch) in epoch 2 while a write is in flight. The
+    rerun resumes at the newest interval checkpoint, not at the epoch's start, reads that epoch's
+    first batches again without training on them, and ends with the unstopped run's weights."""
+    ckpt_dir = tmp_path / "ckpt"
+    argv = [PYTHON, ORDERED, "--checkpoint-dir", str(ckpt_dir), "--checkpoint-every", "5"]
+    env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.1", "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
+    proc = start_launch("mpirun", 2, argv, env=env)
+    kill_rank0_while_writing(proc, ckpt_dir, lambda: any(step_of(p) >= 25 for p in list_checkpoints(str(ckpt_dir))),
+                             120)
+    resumed_from = latest_checkpoint(str(ckpt_dir))
+    newest = step_of(resumed_from)
+    assert 25 <= newest < ORDERED_STEPS and newest % BATCHES_PER_EPOCH and newest % 5 == 0, newest
+
+    rest = launch("mpirun", 2, argv, timeout=120).output
+    epoch, batches = divmod(newest, BATCHES_PER_EPOCH)
+    assert f"resumed from {resumed_from} at epoch {epoch + 1} after {batches} batch(es)" in rest, rest[-3000:]
+    assert step_of(latest_checkpoint(str(ckpt_dir))) == ORDERED_STEPS, rest[-3000:]
+    sums, unstopped = checksums(rest), checksums(ordered_uninterrupted[0])
+    assert len(sums) == 2 and sums == unstopped, (sums, unstopped, rest[-3000:])
+
+
+def test_keras_fit_background_write_failure_ends_every_rank_before_the_epochs_end(ordered_uninterrupted, tmp_path):
+    """A file system with room for one checkpoint and a half: the interval checkpoint of step 8
+    is written, step 16's fails in the writer's thread; every rank ends with rank 0's one line at
+    the next step, exit 2, before the epoch's end (step 22: rank 0's progress line for epoch 1
+    never printed), whose inline checkpoint would otherwise be the first to find out."""
+    size = os.path.getsize(latest_checkpoint(ordered_uninterrupted[1]))
+    with small_filesystem(tmp_path / "small-fs", int(size * 1.5)) as full:
+        run = launch_each_rank_to_its_end(2, [PYTHON, ORDERED, "--checkpoint-dir", str(full),
+                                              "--checkpoint-every", "8", "--keep", "1"], timeout=120)
+        [first] = list_checkpoints(str(full))
+        assert step_of(first) == 8, first
+        assert_each_rank_failed_with(run, "hvdtrain.tf", f"could not write a checkpoint in {full} (", 2)
+        assert f"the newest checkpoint is still {first}" in run.output, run.output[-3000:]
+        assert f"{BATCHES_PER_EPOCH}/{BATCHES_PER_EPOCH} - " not in run.output, run.output[-3000:]

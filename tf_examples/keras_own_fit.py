@@ -6,8 +6,10 @@ handwritten digits (hvdtrain.datasets.digits_split(): scikit-learn's, no downloa
 
 Stated result: rank 0 prints `val_accuracy=...` >= 0.9 (all 397 validation digits) after the
 default 8 epochs on 2 ranks, and every rank `rank R: weights checksum ...`, the same on all.
-Rank 0 writes a checkpoint each epoch; run it again and it resumes at the epoch after the newest
-(SIGUSR1 or SIGTERM: every rank stops at the same batch, with a checkpoint). Every hvdtrain line
+Rank 0 writes a checkpoint each epoch (and every N steps or minutes with --checkpoint-every); run
+it again and it resumes where the newest left off (SIGUSR1 or SIGTERM: every rank stops at the
+same batch, with a checkpoint; a resume in the middle of an epoch reads its first batches again
+without training on them). Every hvdtrain line
 is marked `# hvdtrain:`; without them this is a single-process Keras script.
 """
 import argparse
@@ -21,6 +23,8 @@ parser.add_argument("--epochs", type=int, default=8)
 parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--lr", type=float, default=0.05, help="for one rank; hvdtrain scales it by the number of ranks")
 parser.add_argument("--checkpoint-dir", default="ckpt-keras-own-fit")
+parser.add_argument("--checkpoint-every", default=None,
+                    help="also checkpoint in the middle of epochs: every N steps (2000) or a time (30m, 90s)")
 args = parser.parse_args()
 
 # hvdtrain: before TensorFlow builds anything: Keras 2 for tf.keras (Horovod's Keras layer needs it),
@@ -50,7 +54,9 @@ model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentro
 
 # hvdtrain: rank 0's weights on every rank (the newest checkpoint's, if any), metrics averaged over
 # ranks, LR x ranks after a 1-epoch warm-up, a checkpoint each epoch, stop signals, the watchdog.
-callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=args.checkpoint_dir, warmup_epochs=1)
+every = args.checkpoint_every
+callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=args.checkpoint_dir, warmup_epochs=1,
+                                  checkpoint_every=int(every) if every and every.isdigit() else every)
 model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, validation_data=(x_val, data.y_val),
           initial_epoch=callbacks.initial_epoch, callbacks=callbacks,  # hvdtrain: where to start, the callbacks
           verbose=2 if hvd.is_rank0 else 0)  # hvdtrain: progress from rank 0

@@ -19,9 +19,19 @@ and MetricAverageCallback, its LearningRateWarmupCallback (warmup_epochs > 0) an
 which sets the LR to the compiled one x world size, checkpoints on rank 0 at each epoch end
 (npz, atomic, the newest `keep` kept: hvdtrain/checkpoint.py), votes over ranks on SIGUSR1/SIGTERM
 every `stop_check_batches` batches and at each epoch end (every rank stops at the same batch,
-with a checkpoint; a stop mid-epoch resumes that epoch from its first batch), requeues the Slurm
-job after SIGUSR1 (not SIGTERM: scancel), and runs the watchdog while fit runs
+with a checkpoint), with `checkpoint_every=` (2000 steps, or '30m' of rank 0's clock, agreed at the
+next vote) also checkpoints in the middle of epochs, written in the background while fit goes on,
+requeues the Slurm job after SIGUSR1 (not SIGTERM: scancel), and runs the watchdog while fit runs
 (hvdtrain/watchdog.py). Put your own callbacks after these: they then see averaged metrics.
+
+A resume in the middle of an epoch (an interval checkpoint, a stop signal's): Keras's fit cannot
+start an epoch at a given batch, so fit reads that epoch's first batches again and trains on none
+of them; the rest of the epoch trains on the batches an uninterrupted run would. The weights then
+equal an uninterrupted run's when fit reads each epoch's batches in an order that depends on the
+epoch alone (fit(..., shuffle=False) on data you ordered, or a dataset you order by epoch: Keras's
+shuffle=True draws the order anew in every run) and no layer draws random numbers (Keras 2's
+Dropout draws from TensorFlow's op seeds, which no checkpoint holds). The resumed epoch's logged
+metrics cover the batches trained in this run.
 
 Keras 2 (tf-keras) with its legacy optimizers only: Horovod 0.28.1's Keras layer and its LR
 callbacks drive them (hvdtrain/tf/keras_compat.py). Every rank must run as many batches per epoch
@@ -33,6 +43,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import time
 
 import numpy as np
 
@@ -42,6 +53,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.meter import stop_reason, stop_votes
 from hvdtrain.netsockets import loopback_settings
+from hvdtrain.phases import injected_delay
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 from hvdtrain.tf import npz_checkpoint
@@ -97,14 +109,17 @@ def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_s
 
 
 @exits_on_usage_error(PROG)
-def callbacks(model, *, checkpoint_dir: str | None = None, warmup_epochs: int = 0, scale_lr: bool = True,
-              keep: int = 3, stop_check_batches: int = 10) -> "Callbacks":
+def callbacks(model, *, checkpoint_dir: str | None = None, checkpoint_every: str | int | None = None,
+              warmup_epochs: int = 0, scale_lr: bool = True, keep: int = 3, stop_check_batches: int = 10) -> "Callbacks":
     """The callbacks for `model.fit(..., initial_epoch=cbs.initial_epoch, callbacks=cbs)`, every
-    rank, after start() and model.compile(); resumes from `checkpoint_dir` now (see above)."""
+    rank, after start() and model.compile(); resumes from `checkpoint_dir` now (see above).
+    checkpoint_every: 2000 (steps) or '30m' ('90s', '2h'): also a checkpoint in the middle of
+    epochs, written in the background."""
     if _job is None:
         raise UsageError("call hvdtrain.tf.start() first, before the model and the data are built")
-    return _job.callbacks(model, checkpoint_dir=checkpoint_dir, warmup_epochs=warmup_epochs, scale_lr=scale_lr,
-                          keep=keep, stop_check_batches=stop_check_batches)
+    return _job.callbacks(model, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          warmup_epochs=warmup_epochs, scale_lr=scale_lr, keep=keep,
+                          stop_check_batches=stop_check_batches)
 
 
 @contextlib.contextmanager
@@ -156,8 +171,8 @@ class Job:
                              f"{type(optimizer).__name__}")
 
     @exits_on_usage_error(PROG)
-    def callbacks(self, model, *, checkpoint_dir=None, warmup_epochs=0, scale_lr=True, keep=3,
-                  stop_check_batches=10) -> Callbacks:
+    def callbacks(self, model, *, checkpoint_dir=None, checkpoint_every=None, warmup_epochs=0, scale_lr=True,
+                  keep=3, stop_check_batches=10) -> Callbacks:
         keras = self.keras
         if not isinstance(model, keras.Model):
             raise UsageError(f"hvdtrain.tf.callbacks() takes a Keras 2 model (tf_keras, imported after "
@@ -176,11 +191,12 @@ class Job:
                                    ("stop_check_batches", stop_check_batches, 1)):
             if not isinstance(value, int) or value < least:
                 raise UsageError(f"hvdtrain.tf.callbacks(): {name} must be an integer >= {least} (got {value!r})")
+        interval = self._interval(checkpoint_every, checkpoint_dir)
         target_lr = self._scaled_lr(optimizer) if scale_lr else None
         # Slots now, not in the first step: the checkpoint and the broadcast need them.
         optimizer._create_all_weights(model.trainable_variables)
         with _watched(self.cfg, self.rank, self.world_size, "resuming"):
-            position = self._resume(checkpoint_dir, model, optimizer)
+            position, resumed_batching = self._resume(checkpoint_dir, model, optimizer)
             # Horovod: every rank starts from rank 0's weights and optimizer state (resumed or not),
             # so that the first step is already one model's.
             self.backend.broadcast_variables(model.weights + optimizer.variables())
@@ -193,9 +209,22 @@ class Job:
         if warmup_epochs:  # Horovod: from target / world size up to target over the first epochs
             lr = target_lr if target_lr is not None else float(keras.backend.get_value(optimizer.learning_rate))
             found.append(self.backend.lr_warmup_callback(lr, warmup_epochs, steps_per_epoch=None))
-        found.append(_guard_class(keras)(self, checkpoint_dir, keep, stop_check_batches, position))
+        found.append(_guard_class(keras)(self, checkpoint_dir, keep, stop_check_batches, position, interval,
+                                         resumed_batching))
         found.initial_epoch = position.epoch
         return found
+
+    def _interval(self, checkpoint_every, checkpoint_dir) -> ckpt.Interval:
+        """checkpoint_every= checked as --checkpoint-every is (steps, or seconds of rank 0's clock)."""
+        if checkpoint_every is not None and not isinstance(checkpoint_every, (str, int)) or checkpoint_every is True:
+            raise UsageError(f"hvdtrain.tf.callbacks(): checkpoint_every takes a number of steps (2000) or a time "
+                             f"('30m', '90s', '2h'); got {checkpoint_every!r}")
+        every = None if checkpoint_every is None else str(checkpoint_every)
+        try:
+            cfg = dataclasses.replace(self.cfg, checkpoint_every=every, checkpoint_dir=checkpoint_dir)
+        except UsageError as err:
+            raise UsageError(f"hvdtrain.tf.callbacks(): {str(err).replace('--checkpoint-', 'checkpoint_')}") from None
+        return ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)
 
     def _scaled_lr(self, optimizer) -> float:
         """The compiled LR x world size (the global batch grows with the ranks), read once per
@@ -211,15 +240,15 @@ class Job:
         return base * self.world_size
 
     # ------------------------------------------------------------------ checkpoints
-    def _resume(self, checkpoint_dir, model, optimizer) -> ckpt.Position:
+    def _resume(self, checkpoint_dir, model, optimizer) -> tuple[ckpt.Position, list | None]:
+        """Where the newest checkpoint left the run, and the batching it was written with
+        ([ranks, batches per epoch]; None from callbacks before hvdtrain 0.9, or none)."""
         status = self._load_on_rank0(checkpoint_dir, model, optimizer)
         if not status.get("path"):
-            return ckpt.Position()
+            return ckpt.Position(), None
         position = ckpt.Position.from_checkpoint(status["position"])
-        done = position.step_in_epoch
-        redo = f" (rerun from its first batch: stopped after {done} batch(es))" if done else ""
-        self.log(f"resumed from {status['path']} at epoch {position.epoch + 1}{redo}")
-        return position
+        self.log(f"resumed from {status['path']} at epoch {position.epoch + 1} after {position.step_in_epoch} batch(es)")
+        return position, status.get("batching")
 
     def _load_on_rank0(self, checkpoint_dir, model, optimizer) -> dict:
         """Rank 0 loads the newest checkpoint that reads; every rank learns the outcome (all fail
@@ -263,10 +292,19 @@ class Job:
         if error:
             raise UsageError(error)
 
-    def vote(self) -> str | None:
-        """Every rank: the stop signal any rank got (SIGTERM outweighs SIGUSR1: hvdtrain/meter.py), or None."""
-        usr1, term = self.backend.allreduce_sum(np.array(stop_votes(self.stop.signal_name)), "keras_stop_vote")
-        return stop_reason(usr1, term)
+    def vote(self, interval: ckpt.Interval) -> tuple[str | None, bool, bool]:
+        """Every rank, at the same step: (the stop signal any rank got, SIGTERM outweighing SIGUSR1
+        (hvdtrain/meter.py), or None; whether rank 0's clock says an interval checkpoint is due;
+        whether rank 0's background write is still running). A background write that failed ends
+        every rank here, with rank 0's line."""
+        files = self.files
+        mine = np.array([*stop_votes(self.stop.signal_name), interval.vote(), *files.state()], dtype=np.float64)
+        usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "stop_vote")
+        if failed:
+            raise UsageError(self.backend.broadcast_object(files.error(), "checkpoint_write_error"))
+        if not busy:
+            files.say_written()
+        return stop_reason(usr1, term), timed > 0, busy > 0
 
     def requeue_if_asked(self, stopped_by: str | None) -> None:
         """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only: SIGTERM is scancel or preemption."""
@@ -279,13 +317,17 @@ class Job:
 @functools.lru_cache(maxsize=None)
 def _guard_class(keras):
     class Guard(keras.callbacks.Callback):
-        """Every rank: the stop vote, rank 0's checkpoints, the watchdog, the requeue."""
+        """Every rank: the stop vote, rank 0's checkpoints (each epoch's end, the interval's in the
+        background), the watchdog, the requeue; a resume in the middle of an epoch."""
 
-        def __init__(self, job: Job, checkpoint_dir, keep: int, check_every: int, position: ckpt.Position):
+        def __init__(self, job: Job, checkpoint_dir, keep: int, check_every: int, position: ckpt.Position,
+                     interval: ckpt.Interval, resumed_batching: list | None):
             super().__init__()
             self.job, self.checkpoint_dir, self.keep, self.check_every = job, checkpoint_dir, keep, check_every
             self.position, self.initial_epoch = position, position.epoch
+            self.interval, self.resumed_batching = interval, resumed_batching
             self.watchdog, self.stopped_by, self.first_epoch = None, None, True
+            self.slowed = injected_delay(job.rank)  # test-only: a rank made slow on purpose (hvdtrain/phases.py)
 
         @exits_on_usage_error(PROG)
         def on_train_begin(self, logs=None):
@@ -293,12 +335,45 @@ def _guard_class(keras):
             self.watchdog = Watchdog(job.cfg.watchdog_seconds, PROG, job.rank, job.world_size)
             self.watchdog.beat(where="starting fit")
             self.stopped_by, self.first_epoch, self.initial_epoch = None, True, self.position.epoch
+            self.writing = False  # a background write in flight: every batch votes until it has ended
+            self.trained = None  # Keras's train_function while a resumed epoch's first batches are read again
             self.global_step = int(self.job.keras.backend.get_value(self.model.optimizer.iterations))
             steps = self.params.get("steps")
             counts = job.backend.allgather_object(steps, "keras_steps_per_epoch")
             if len(set(counts)) > 1:  # one rank would wait for the others' allreduce for ever
                 raise UsageError(f"the ranks run different numbers of batches per epoch ({counts}, in rank order): "
                                  "give every rank as many samples (drop the remainder), or pass steps_per_epoch")
+            self.batching = [job.world_size, steps]
+            self.skipped = self._batches_to_skip()
+
+        def _batches_to_skip(self) -> int:
+            """A checkpoint from the middle of an epoch: fit reads that epoch's first batches again
+            and trains on none of them (Keras's fit cannot start an epoch at a given batch), so the
+            rest of the epoch trains on the batches an uninterrupted run would have. Only with the
+            same batches per epoch on as many ranks; otherwise the epoch again from its first batch."""
+            done = self.position.step_in_epoch
+            if not done:
+                return 0
+            per_execution = getattr(self.model, "_steps_per_execution", None)
+            if per_execution is not None and int(per_execution.numpy()) != 1:
+                raise UsageError("a resume in the middle of an epoch needs model.compile(steps_per_execution=1) "
+                                 f"(got {int(per_execution.numpy())}): fit must be able to stop after any batch")
+            if self.resumed_batching not in (None, self.batching):
+                self.job.log(f"the checkpoint's epoch ran {self.resumed_batching[1]} batches on "
+                             f"{self.resumed_batching[0]} rank(s), this one {self.batching[1]} on {self.batching[0]}: "
+                             f"epoch {self.position.epoch + 1} again from its first batch")
+                return 0
+            trained = self.trained = self.model.train_function
+
+            def read_again(iterator):  # Keras's loop calls model.train_function(iterator) once a batch
+                if self.batches < done:
+                    next(iterator)
+                    return {}
+                self.model.train_function, self.trained = trained, None  # from now on, Keras's own
+                return trained(iterator)
+
+            self.model.train_function = read_again
+            return done
 
         @exits_on_usage_error(PROG)
         def on_epoch_begin(self, epoch, logs=None):
@@ -307,14 +382,27 @@ def _guard_class(keras):
                                  f"{self.initial_epoch + 1}: pass initial_epoch=callbacks.initial_epoch to fit")
             self.first_epoch, self.batches = False, 0
 
+        @exits_on_usage_error(PROG)
         def on_train_batch_end(self, batch, logs=None):
             self.batches += 1
+            if self.batches <= self.skipped:  # read again, not trained: the previous run trained on it
+                self.watchdog.beat(where="reading the resumed epoch's first batches again")
+                return
             self.global_step += 1
             self.watchdog.beat(self.global_step)
-            if self.batches % self.check_every == 0 and self.stopped_by is None:
-                self.stopped_by = self.job.vote()
+            if self.slowed:
+                time.sleep(self.slowed)
+            timed = False
+            if (self.batches % self.check_every == 0 or self.writing) and self.stopped_by is None:
+                self.stopped_by, timed, self.writing = self.job.vote(self.interval)
                 if self.stopped_by:
                     self.model.stop_training = True  # every rank, after this same batch
+                    return
+            steps = self.params.get("steps")
+            mid_epoch = steps is None or self.batches < steps
+            if self.checkpoint_dir and self.interval.due(self.global_step, mid_epoch, timed):
+                self._save(self._here(), background=True)
+                self.writing = True
 
         def on_test_batch_end(self, batch, logs=None):  # fit's validation
             self.watchdog.beat(where="validating")
@@ -325,25 +413,43 @@ def _guard_class(keras):
             self.watchdog.beat(where="ending the epoch")
             stopped_mid_epoch = self.stopped_by is not None
             if not stopped_mid_epoch:
-                self.stopped_by = job.vote()
-            # BatchNorm statistics are each rank's own (Horovod averages gradients only): one set.
-            job.backend.average_variables(self.model.non_trainable_weights)
-            at = dataclasses.replace(self.position, global_step=self.global_step, step_in_epoch=self.batches)
-            if not stopped_mid_epoch:  # complete: the next run starts at the next epoch
+                self.stopped_by, _, self.writing = job.vote(self.interval)
+            steps = self.params.get("steps")
+            at = self._here()
+            if not stopped_mid_epoch or self.batches == steps:  # complete: the next run starts at the next epoch
                 record = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
                 at = at.recorded(record).next_epoch()
-            self.position = at
+            self.position, self.skipped = at, 0
             if self.checkpoint_dir:
-                self.watchdog.beat(where="writing a checkpoint")
-                job.save(self.checkpoint_dir, self.model, at, self.keep)
+                self._save(at)  # after the write in flight, if any (its failure said on every rank)
             if self.stopped_by:
                 job.log(f"stopped by {self.stopped_by} in epoch {epoch + 1} after {self.batches} batch(es)"
                         + ("; checkpoint written" if self.checkpoint_dir else "; no checkpoint_dir: nothing saved"))
                 self.model.stop_training = True
 
+        def _here(self) -> ckpt.Position:
+            return dataclasses.replace(self.position, global_step=self.global_step, step_in_epoch=self.batches)
+
+        def _save(self, at: ckpt.Position, background: bool = False) -> None:
+            """Every rank: one set of BatchNorm statistics (each rank's own: Horovod averages
+            gradients only), then rank 0 writes (in the background: the values copied first)."""
+            self.watchdog.beat(where="writing a checkpoint")
+            self.job.backend.average_variables(self.model.non_trainable_weights)
+            self.job.save(self.checkpoint_dir, self.model, at, self.keep, extra={"batching": self.batching},
+                          background=background)
+            self.interval.written()
+            self.writing = self.writing and background
+
+        @exits_on_usage_error(PROG)
         def on_train_end(self, logs=None):
+            if self.trained is not None:  # a fit that ended before its skip did: later fits get Keras's own
+                self.model.train_function, self.trained = self.trained, None
+            error = self.job.files.finish() if self.job.is_rank0 else None  # none in flight after an epoch's end
+            error = self.job.backend.broadcast_object(error, "keras_last_write")
             if self.watchdog is not None:
                 self.watchdog.stop()  # the user's code after fit may take as long as it likes
             self.job.requeue_if_asked(self.stopped_by)
+            if error:
+                raise UsageError(error)
 
     return Guard

@@ -46,7 +46,6 @@ import numpy as np
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.errors import UsageError, exits_on_usage_error
-from hvdtrain.meter import stop_reason, stop_votes
 from hvdtrain.phases import injected_delay
 from hvdtrain.tf import keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
@@ -167,17 +166,11 @@ class TapeJob(Job):
         With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
         on every rank: a number of steps, or rank 0's clock, which votes here), written in the
         background; rank 0's writer (running, failed) rides in the same vote."""
-        interval, files = self.checkpoint_interval, self.files
-        mine = np.array([*stop_votes(self.stop.signal_name), interval.vote(), *files.state()], dtype=np.float64)
-        usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "tape_stop_vote")
-        if failed:
-            raise UsageError(self.backend.broadcast_object(files.error(), "tape_checkpoint_write_error"))
-        if not busy:
-            files.say_written()
-        self.stopped_by = stop_reason(usr1, term)
+        interval = self.checkpoint_interval
+        self.stopped_by, timed, _ = self.vote(interval)
         at = self.position
         mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
-        if not self.stopped_by and interval.due(at.global_step, mid_epoch, timed > 0):
+        if not self.stopped_by and interval.due(at.global_step, mid_epoch, timed):
             if self.saving_to is None:
                 raise UsageError("start_tape_loop(checkpoint_every=) writes into job.resume()'s directory: call "
                                  "job.resume(checkpoint_dir, model, optimizer) before the loop")
