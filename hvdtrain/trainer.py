@@ -105,6 +105,9 @@ class EpochTrainer(abc.ABC):
         self._build_model()
         resumed_from, saved = self._restore_on_rank0()
         self._wrap_and_broadcast(saved, resumed=resumed_from is not None)
+        # Each rank's weights as training starts (resumed, then rank 0's broadcast): in the result
+        # file beside the final ones, the evidence that every rank, and a resume, started from them.
+        self.start_checksum = checksum_arrays(self._state_arrays())
         self._open_tensorboard()
         self._use_phase_clock(self._phase_clock())
         self._log_start(resumed_from)
@@ -513,6 +516,7 @@ class EpochTrainer(abc.ABC):
                                        "threads": self.threads, "images_per_sec": m.images_per_sec,
                                        "timed_samples": m.timed_samples, "timed_seconds": m.timed_seconds,
                                        "timed_steps": m.timed_steps_total, "phases_ms": m.phases_ms(),
+                                       "start_checksum": self.start_checksum,
                                        "param_checksum": checksum_arrays(self._state_arrays()),
                                        **self._rank_extras()}, "per_rank")
         env = self.env
