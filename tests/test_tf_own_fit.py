@@ -141,3 +141,31 @@ def test_keras_fit_background_write_failure_ends_every_rank_before_the_epochs_en
         assert_each_rank_failed_with(run, "hvdtrain.tf", f"could not write a checkpoint in {full} (", 2)
         assert f"the newest checkpoint is still {first}" in run.output, run.output[-3000:]
         assert f"{BATCHES_PER_EPOCH}/{BATCHES_PER_EPOCH} - " not in run.output, run.output[-3000:]
+
+
+STEPS_PER_EXECUTION = """
+import sys, numpy as np, hvdtrain.tf
+hvd = hvdtrain.tf.start(seed=0)
+import tf_keras as keras
+x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.optimizer(keras.optimizers.legacy.SGD(0.01)), loss="mse", steps_per_execution=4)
+for every in (None, 5):
+    callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=sys.argv[1], checkpoint_every=every)
+    model.fit(x, x.sum(1), batch_size=16, epochs=2, initial_epoch=callbacks.initial_epoch, callbacks=callbacks,
+              verbose=0)
+"""
+
+
+def test_keras_fit_counts_steps_per_execution_and_refuses_an_interval_with_them(tmp_path):
+    """model.compile(steps_per_execution=4), one process: the callbacks' step count is the
+    optimizer's (16 a epoch, not one per call of 4), and checkpoint_every, which may fall inside
+    a call, is refused in one line, exit 2."""
+    ckpt_dir = tmp_path / "ckpt"
+    run = subprocess.run([PYTHON, "-c", STEPS_PER_EXECUTION, str(ckpt_dir)], env=base_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr[-3000:]
+    assert sorted(os.listdir(ckpt_dir)) == ["ckpt-e0001-s00000016.npz", "ckpt-e0002-s00000032.npz"]
+    assert ("hvdtrain.tf: error [rank 0/1]: checkpoint_every needs model.compile(steps_per_execution=1) (got 4): "
+            "an interval checkpoint may fall after any batch") in run.stderr, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr

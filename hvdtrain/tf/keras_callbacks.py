@@ -344,6 +344,11 @@ def _guard_class(keras):
                 raise UsageError(f"the ranks run different numbers of batches per epoch ({counts}, in rank order): "
                                  "give every rank as many samples (drop the remainder), or pass steps_per_epoch")
             self.batching = [job.world_size, steps]
+            per_execution = getattr(self.model, "_steps_per_execution", None)  # a tf.Variable once compiled
+            self.per_execution = 1 if per_execution is None else int(per_execution.numpy())
+            if self.per_execution != 1 and (self.interval.steps or self.interval.seconds):
+                raise UsageError(f"checkpoint_every needs model.compile(steps_per_execution=1) (got "
+                                 f"{self.per_execution}): an interval checkpoint may fall after any batch")
             self.skipped = self._batches_to_skip()
 
         def _batches_to_skip(self) -> int:
@@ -354,14 +359,14 @@ def _guard_class(keras):
             done = self.position.step_in_epoch
             if not done:
                 return 0
-            per_execution = getattr(self.model, "_steps_per_execution", None)
-            if per_execution is not None and int(per_execution.numpy()) != 1:
-                raise UsageError("a resume in the middle of an epoch needs model.compile(steps_per_execution=1) "
-                                 f"(got {int(per_execution.numpy())}): fit must be able to stop after any batch")
+            again = f"epoch {self.position.epoch + 1} again from its first batch"
+            if self.per_execution != 1:
+                self.job.log(f"steps_per_execution={self.per_execution}: {again}")
+                return 0
             if self.resumed_batching not in (None, self.batching):
                 self.job.log(f"the checkpoint's epoch ran {self.resumed_batching[1]} batches on "
                              f"{self.resumed_batching[0]} rank(s), this one {self.batching[1]} on {self.batching[0]}: "
-                             f"epoch {self.position.epoch + 1} again from its first batch")
+                             f"{again}")
                 return 0
             trained = self.trained = self.model.train_function
 
@@ -384,11 +389,12 @@ def _guard_class(keras):
 
         @exits_on_usage_error(PROG)
         def on_train_batch_end(self, batch, logs=None):
-            self.batches += 1
+            # Keras's `batch`: the last batch this call ran (steps_per_execution of them at a time).
+            ran, self.batches = batch + 1 - self.batches, batch + 1
             if self.batches <= self.skipped:  # read again, not trained: the previous run trained on it
                 self.watchdog.beat(where="reading the resumed epoch's first batches again")
                 return
-            self.global_step += 1
+            self.global_step += ran
             self.watchdog.beat(self.global_step)
             if self.slowed:
                 time.sleep(self.slowed)
