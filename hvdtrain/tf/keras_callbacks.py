@@ -242,7 +242,7 @@ class Job:
     # ------------------------------------------------------------------ checkpoints
     def _resume(self, checkpoint_dir, model, optimizer) -> tuple[ckpt.Position, list | None]:
         """Where the newest checkpoint left the run, and the batching it was written with
-        ([ranks, batches per epoch]; None from callbacks before hvdtrain 0.9, or none)."""
+        ([ranks, batches per epoch]; None when the checkpoint does not say: written before they were saved)."""
         status = self._load_on_rank0(checkpoint_dir, model, optimizer)
         if not status.get("path"):
             return ckpt.Position(), None
@@ -407,6 +407,7 @@ def _guard_class(keras):
             steps = self.params.get("steps")
             mid_epoch = steps is None or self.batches < steps
             if self.checkpoint_dir and self.interval.due(self.global_step, mid_epoch, timed):
+                self.job.backend.average_variables(self.model.non_trainable_weights)  # one set of BatchNorm statistics
                 self._save(self._here(), background=True)
                 self.writing = True
 
@@ -420,6 +421,8 @@ def _guard_class(keras):
             stopped_mid_epoch = self.stopped_by is not None
             if not stopped_mid_epoch:
                 self.stopped_by, _, self.writing = job.vote(self.interval)
+            # BatchNorm statistics are each rank's own (Horovod averages gradients only): one set.
+            job.backend.average_variables(self.model.non_trainable_weights)
             steps = self.params.get("steps")
             at = self._here()
             if not stopped_mid_epoch or self.batches == steps:  # complete: the next run starts at the next epoch
@@ -437,10 +440,8 @@ def _guard_class(keras):
             return dataclasses.replace(self.position, global_step=self.global_step, step_in_epoch=self.batches)
 
         def _save(self, at: ckpt.Position, background: bool = False) -> None:
-            """Every rank: one set of BatchNorm statistics (each rank's own: Horovod averages
-            gradients only), then rank 0 writes (in the background: the values copied first)."""
+            """Every rank: rank 0 writes (in the background: the values copied first)."""
             self.watchdog.beat(where="writing a checkpoint")
-            self.job.backend.average_variables(self.model.non_trainable_weights)
             self.job.save(self.checkpoint_dir, self.model, at, self.keep, extra={"batching": self.batching},
                           background=background)
             self.interval.written()
