@@ -144,28 +144,31 @@ def test_keras_fit_background_write_failure_ends_every_rank_before_the_epochs_en
 
 
 STEPS_PER_EXECUTION = """
-import sys, numpy as np, hvdtrain.tf
+import hashlib, sys, numpy as np, hvdtrain.tf
 hvd = hvdtrain.tf.start(seed=0)
 import tf_keras as keras
-x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+x = np.random.default_rng(hvd.rank).normal(size=(256, 4)).astype("float32") * (1 + hvd.rank)  # BatchNorm: ranks differ
+model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)])
 model.compile(optimizer=hvd.optimizer(keras.optimizers.legacy.SGD(0.01)), loss="mse", steps_per_execution=4)
-for every in (None, 5):
-    callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=sys.argv[1], checkpoint_every=every)
-    model.fit(x, x.sum(1), batch_size=16, epochs=2, initial_epoch=callbacks.initial_epoch, callbacks=callbacks,
+for directory, every, epochs in ((sys.argv[1], None, 2), (None, None, 3), (sys.argv[1], 5, 3)):
+    callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=directory, checkpoint_every=every)
+    model.fit(x, x.sum(1), batch_size=16, epochs=epochs, initial_epoch=callbacks.initial_epoch, callbacks=callbacks,
               verbose=0)
+    checksum = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
+    print(f"rank {hvd.rank}: weights checksum {checksum}", flush=True)
 """
 
 
 def test_keras_fit_counts_steps_per_execution_and_refuses_an_interval_with_them(tmp_path):
-    """model.compile(steps_per_execution=4), one process: the callbacks' step count is the
-    optimizer's (16 a epoch, not one per call of 4), and checkpoint_every, which may fall inside
-    a call, is refused in one line, exit 2."""
+    """model.compile(steps_per_execution=4) under mpirun -np 2: the callbacks' step count is the
+    optimizer's (16 an epoch, not one per call of 4); a fit without a checkpoint directory still
+    ends with one set of BatchNorm statistics on every rank (the ranks' data differ); and
+    checkpoint_every, which may fall inside a call, is refused in one line on every rank, exit 2."""
     ckpt_dir = tmp_path / "ckpt"
-    run = subprocess.run([PYTHON, "-c", STEPS_PER_EXECUTION, str(ckpt_dir)], env=base_env(), cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2, run.stdout + run.stderr[-3000:]
+    run = launch_each_rank_to_its_end(2, [PYTHON, "-c", STEPS_PER_EXECUTION, str(ckpt_dir)], timeout=120)
     assert sorted(os.listdir(ckpt_dir)) == ["ckpt-e0001-s00000016.npz", "ckpt-e0002-s00000032.npz"]
-    assert ("hvdtrain.tf: error [rank 0/1]: checkpoint_every needs model.compile(steps_per_execution=1) (got 4): "
-            "an interval checkpoint may fall after any batch") in run.stderr, run.stderr[-3000:]
-    assert "Traceback" not in run.stderr
+    sums = re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", run.output)
+    by_rank = {rank: [s for r, s in sums if r == rank] for rank in "01"}  # each rank's, fit by fit
+    assert len(by_rank["0"]) == len(by_rank["1"]) == 2 and by_rank["0"] == by_rank["1"], run.output[-3000:]
+    assert_each_rank_failed_with(run, "hvdtrain.tf", "checkpoint_every needs model.compile(steps_per_execution=1) "
+                                                     "(got 4): an interval checkpoint may fall after any batch", 2)
