@@ -194,6 +194,16 @@ def newest_weights(ckpt_dir) -> dict:
     return torch.load(latest_checkpoint(str(ckpt_dir)), weights_only=True)["model"]
 
 
+def step_of(path: str) -> int:
+    """The global step in a checkpoint's name (ckpt-eEEEE-sSSSSSSSS.pt or .npz)."""
+    return int(re.search(r"-s(\d+)\.(?:pt|npz)$", str(path)).group(1))
+
+
+def checksums(output: str) -> dict:
+    """{rank: checksum} from the `rank R: weights checksum C` lines the examples print under mpirun."""
+    return dict(re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", output))
+
+
 def assert_weights_equal(ckpt_dir_a, ckpt_dir_b, atol: float = 1e-6) -> dict:
     """Both directories' newest checkpoints hold the same weights and buffers (a resumed run
     against an uninterrupted one); returns the first's state."""

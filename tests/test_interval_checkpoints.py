@@ -6,11 +6,11 @@ every rank at the same step; a background write that fails (a full disk) ends ev
 line at the next step."""
 import json
 import os
-import re
 
 import pytest
 
-from conftest import PYTHON, assert_weights_equal, base_env, kill_rank0_while_writing, launch, start_launch
+from conftest import (PYTHON, assert_weights_equal, base_env, kill_rank0_while_writing, launch, start_launch,
+                      step_of)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -18,10 +18,6 @@ pytestmark = pytest.mark.slow
 # Digits: 1400 samples, 2 ranks, batch 32: 21 steps an epoch, 42 in all.
 ARGV = [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "2",
         "--threads-per-rank", "1", "--log-interval", "3", "--keep-checkpoints", "50"]
-
-
-def step_of(path: str) -> int:
-    return int(re.search(r"-s(\d+)\.pt$", path).group(1))
 
 
 def test_rank0_killed_mid_epoch_while_writing_resumes_at_the_last_interval_with_the_uninterrupted_weights(tmp_path):

@@ -21,8 +21,8 @@ import subprocess
 
 import pytest
 
-from conftest import (PYTHON, REPO, assert_each_rank_failed_with, base_env, kill_rank0_while_writing, launch,
-                      launch_each_rank_to_its_end, small_filesystem, start_launch, usr1_to_rank0_once)
+from conftest import (PYTHON, REPO, assert_each_rank_failed_with, base_env, checksums, kill_rank0_while_writing,
+                      launch, launch_each_rank_to_its_end, small_filesystem, start_launch, step_of, usr1_to_rank0_once)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
@@ -64,21 +64,13 @@ def test_own_keras_fit_stops_on_sigusr1_resumes_and_trains(tmp_path):
     assert os.path.basename(newest) == f"ckpt-e{EPOCHS:04d}-s{last:08d}.npz", second[-3000:]
     accuracy = float(re.search(r"\[1,0\]<stdout>:val_accuracy=([0-9.]+) \(397 samples, 2 ranks\)", second).group(1))
     assert accuracy >= 0.9, second[-3000:]
-    sums = dict(re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", second))
+    sums = checksums(second)
     assert len(sums) == 2 and sums["0"] == sums["1"], second[-3000:]
     assert "Traceback" not in first + second
 
 
 ORDERED = os.path.join(REPO, "tests", "scripts", "keras_own_fit_ordered.py")
 ORDERED_STEPS = 3 * BATCHES_PER_EPOCH  # its 3 epochs
-
-
-def step_of(path: str) -> int:
-    return int(re.search(r"-s(\d+)\.npz$", path).group(1))
-
-
-def checksums(output: str) -> dict:
-    return dict(re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", output))
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (PYTHON, REPO, base_env, finish_launch, launch, rank_pids, start_launch,
+from conftest import (PYTHON, REPO, base_env, checksums, finish_launch, launch, rank_pids, start_launch, step_of,
                       usr1_to_rank0_once)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 from hvdtrain import errors
@@ -29,10 +29,6 @@ from hvdtrain.config import TrainConfig
 EXAMPLE = os.path.join(REPO, "tf_examples", "tape_loop_digits.py")
 BATCHES_PER_EPOCH = 21  # 1400 digits / 2 ranks / 32 per batch, the last partial batch dropped
 EPOCHS = 8  # the signal, sent after epoch 1, lands long before the end (an epoch: ~0.3 s)
-
-
-def checksums(output: str) -> dict:
-    return dict(re.findall(r"<stdout>:rank (\d): weights checksum (\w+)", output))
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +100,6 @@ def test_tape_loop_killed_without_a_signal_resumes_at_its_interval_checkpoint(ta
     assert f"resumed from {resumed_from} at epoch {epoch + 1} after {batches} batch(es)" in second, second[-3000:]
     sums, unstopped = checksums(second), checksums(tape_uninterrupted)
     assert len(sums) == 2 and sums == unstopped, (sums, unstopped, second[-3000:])
-
-
-def step_of(path: str) -> int:
-    return int(re.search(r"-s(\d+)\.npz$", path).group(1))
 
 
 class OneRank:

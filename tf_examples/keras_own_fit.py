@@ -54,9 +54,8 @@ model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentro
 
 # hvdtrain: rank 0's weights on every rank (the newest checkpoint's, if any), metrics averaged over
 # ranks, LR x ranks after a 1-epoch warm-up, a checkpoint each epoch, stop signals, the watchdog.
-every = args.checkpoint_every
 callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=args.checkpoint_dir, warmup_epochs=1,
-                                  checkpoint_every=int(every) if every and every.isdigit() else every)
+                                  checkpoint_every=args.checkpoint_every)
 model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, validation_data=(x_val, data.y_val),
           initial_epoch=callbacks.initial_epoch, callbacks=callbacks,  # hvdtrain: where to start, the callbacks
           verbose=2 if hvd.is_rank0 else 0)  # hvdtrain: progress from rank 0

@@ -110,7 +110,8 @@ def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_s
 
 @exits_on_usage_error(PROG)
 def callbacks(model, *, checkpoint_dir: str | None = None, checkpoint_every: str | int | None = None,
-              warmup_epochs: int = 0, scale_lr: bool = True, keep: int = 3, stop_check_batches: int = 10) -> "Callbacks":
+              warmup_epochs: int = 0, scale_lr: bool = True, keep: int = 3,
+              stop_check_batches: int = 10) -> "Callbacks":
     """The callbacks for `model.fit(..., initial_epoch=cbs.initial_epoch, callbacks=cbs)`, every
     rank, after start() and model.compile(); resumes from `checkpoint_dir` now (see above).
     checkpoint_every: 2000 (steps) or '30m' ('90s', '2h'): also a checkpoint in the middle of
@@ -247,7 +248,8 @@ class Job:
         if not status.get("path"):
             return ckpt.Position(), None
         position = ckpt.Position.from_checkpoint(status["position"])
-        self.log(f"resumed from {status['path']} at epoch {position.epoch + 1} after {position.step_in_epoch} batch(es)")
+        self.log(f"resumed from {status['path']} at epoch {position.epoch + 1} "
+                 f"after {position.step_in_epoch} batch(es)")
         return position, status.get("batching")
 
     def _load_on_rank0(self, checkpoint_dir, model, optimizer) -> dict:
@@ -409,7 +411,6 @@ def _guard_class(keras):
             if self.checkpoint_dir and self.interval.due(self.global_step, mid_epoch, timed):
                 self.job.backend.average_variables(self.model.non_trainable_weights)  # one set of BatchNorm statistics
                 self._save(self._here(), background=True)
-                self.writing = True
 
         def on_test_batch_end(self, batch, logs=None):  # fit's validation
             self.watchdog.beat(where="validating")
@@ -445,18 +446,15 @@ def _guard_class(keras):
             self.job.save(self.checkpoint_dir, self.model, at, self.keep, extra={"batching": self.batching},
                           background=background)
             self.interval.written()
-            self.writing = self.writing and background
+            self.writing = background  # an inline write (the epoch's end) first ends the one in flight
 
-        @exits_on_usage_error(PROG)
         def on_train_end(self, logs=None):
+            # No write is in flight here: fit ends after an epoch's end, whose inline checkpoint
+            # waited for it (a stop, Keras's or another callback's, ends the epoch first too).
             if self.trained is not None:  # a fit that ended before its skip did: later fits get Keras's own
                 self.model.train_function, self.trained = self.trained, None
-            error = self.job.files.finish() if self.job.is_rank0 else None  # none in flight after an epoch's end
-            error = self.job.backend.broadcast_object(error, "keras_last_write")
             if self.watchdog is not None:
                 self.watchdog.stop()  # the user's code after fit may take as long as it likes
             self.job.requeue_if_asked(self.stopped_by)
-            if error:
-                raise UsageError(error)
 
     return Guard

@@ -31,9 +31,8 @@ model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, act
                           keras.layers.Flatten(), keras.layers.Dense(10)])
 model.compile(optimizer=hvd.optimizer(keras.optimizers.legacy.SGD(0.05, momentum=0.9)),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-every = int(args.checkpoint_every) if args.checkpoint_every.isdigit() else args.checkpoint_every
-callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=args.checkpoint_dir, checkpoint_every=every,
-                                  keep=args.keep, stop_check_batches=3)
+callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir=args.checkpoint_dir,
+                                  checkpoint_every=args.checkpoint_every, keep=args.keep, stop_check_batches=3)
 model.fit(x, y, batch_size=32, epochs=args.epochs, shuffle=False, initial_epoch=callbacks.initial_epoch,
           callbacks=callbacks, verbose=2 if hvd.is_rank0 else 0)
 checksum = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
