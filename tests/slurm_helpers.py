@@ -72,8 +72,10 @@ def wait_for_end(job_id: str, log: str, timeout: float, restarts: int = 0, env: 
 
 
 def submit(script: str, cwd: str, *options: str) -> tuple[str, str]:
-    """(job id, log path): sbatch from `cwd`, so SLURM_SUBMIT_DIR (and runs/) is there."""
-    job_id = run(["sbatch", "--parsable", *options, script], cwd=cwd).stdout.strip().split(";")[0]
+    """(job id, log path): sbatch from `cwd`, so SLURM_SUBMIT_DIR (and runs/) is there. Every job
+    the tests submit may share cores with the others (`--oversubscribe`; the partitions allow it):
+    jobs that mostly wait (test_slurm_jobs.py's signal_jobs) then hold up no other."""
+    job_id = run(["sbatch", "--parsable", "--oversubscribe", *options, script], cwd=cwd).stdout.strip().split(";")[0]
     assert job_id.isdigit(), job_id
     name = job_info(job_id).get("JobName", "")
     return job_id, os.path.join(cwd, f"{name}-{job_id}.out")

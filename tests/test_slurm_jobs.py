@@ -1,9 +1,10 @@
 """Jobs on the session's local Slurm 22.05 cluster (one node, 2 CPUs, partition debug): the CPU
 templates train 2 ranks to COMPLETED; USR1 checkpoints, requeues and resumes to the same weights as
-the uninterrupted job (the `uninterrupted` fixture, in conftest.py); scancel checkpoints without a
-requeue; `--signal=USR1@T` reaches the tasks, not the batch shell; the doctor template job is
-READY; a rank frozen after the others ended does not hold the job (srun --wait). Every wait has a
-hard timeout; a job still running at a timeout is cancelled."""
+the uninterrupted job, with DataLoader workers in every rank; scancel checkpoints without a
+requeue; `--signal=USR1@T` reaches the tasks, not the batch shell (its jobs run beside the
+others: every job submitted here may share cores); the doctor template job is READY; a rank
+frozen after the others ended does not hold the job (srun --wait). Every wait has a hard timeout;
+a job still running at a timeout is cancelled."""
 import glob
 import os
 import re
@@ -12,8 +13,47 @@ import time
 import pytest
 
 from conftest import PYTHON, REPO, base_env
-from slurm_helpers import (CPU_STEPS, CPU_TEMPLATE, generator, job_info, result_of, run, submit, tail, wait_for_end,
+from slurm_helpers import (CPU_STEPS, generator, job_info, result_of, run, submit, tail, wait_for_end,
                            wait_until)
+
+
+# ------------------------------------------------------------------------------ what --signal reaches
+_CATCHER = """\
+import os, signal, sys, time
+got = []
+for s in (signal.SIGUSR1, signal.SIGTERM):
+    signal.signal(s, lambda n, f: got.append(signal.Signals(n).name))
+print("task started", flush=True)
+deadline = time.time() + 100
+while not got and time.time() < deadline:
+    time.sleep(0.2)
+print("task got", got[0] if got else "nothing", flush=True)
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def signal_jobs(slurm_cluster, tmp_path_factory):
+    """The two jobs of test_signal_option_reaches_tasks_not_batch_shell, submitted as this module
+    starts: they wait 10-40 s for slurmctld's time-limit check and use no CPU meanwhile, so the
+    module's other jobs run beside them (every job here shares cores: submit's --oversubscribe)
+    and the test, near the module's end, only reads their logs. Cancelled at the end if still there."""
+    cwd = tmp_path_factory.mktemp("signal-jobs")
+    catcher = cwd / "catcher.py"
+    catcher.write_text(_CATCHER)
+    body = ("#!/bin/bash\n"
+            f"srun -n 1 {PYTHON} {catcher} & step=$!\n"
+            # `wait` returns early for a trapped signal, so the shell can stop the step at once.
+            "trap 'echo \"batch shell got USR1\"; kill $step' USR1\n"
+            "wait $step || wait $step\n")
+    script = cwd / "sig.sbatch"
+    script.write_text(body)
+    jobs = {}
+    for signal_spec in ("USR1@20", "B:USR1@20"):
+        jobs[signal_spec] = submit(str(script), str(cwd), "-n", "1", "--time=1", f"--signal={signal_spec}",
+                                   f"--job-name=sig-{signal_spec.replace(':', '').replace('@', '-')}",
+                                   "--output=%x-%j.out")
+    yield jobs
+    run(["scancel", *(job_id for job_id, _ in jobs.values())], check=False)
 
 
 # ------------------------------------------------------------------------------ (b) a 2-task job
@@ -35,97 +75,6 @@ def test_tf_cpu_template_trains_to_completion(slurm_cluster, tmp_path):
     assert info["JobState"] == "COMPLETED", tail(log)
     result = result_of(str(tmp_path), job_id)
     assert result["framework"] == "tf" and result["world_size"] == 2 and result["global_step"] == CPU_STEPS
-
-
-# ------------------------------------------------------------------------------ (c) USR1 -> requeue -> resume
-def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(uninterrupted, tmp_path):
-    """`scancel -s USR1 JOB` (no -b, no --full) signals every task of the job's steps and not the
-    batch shell: what `#SBATCH --signal=USR1@T` does at T seconds before the limit (see
-    test_signal_option_reaches_tasks_not_batch_shell). Slurm holds a requeued job for
-    cred_expire before it may start again (10 s in scripts/slurm-cluster.sh; 120 s by default)."""
-    cwd = str(tmp_path)
-    job_id, log = submit(CPU_TEMPLATE, cwd)
-    # "config:" is logged after every rank installed its handler (an allgather comes between).
-    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
-    run(["scancel", "--signal=USR1", job_id])
-    info = wait_for_end(job_id, log, timeout=600, restarts=1)
-    text = tail(log, 10**6)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
-    stopped = re.search(r"stopped by SIGUSR1 at step (\d+); checkpoint written", text)
-    assert stopped, f"the signal did not stop training (did it end first?):\n{text[-4000:]}"
-    assert f"job {job_id} requeued" in text, text[-4000:]
-    resumed = re.search(r"resumed from \S+ckpt-e\d+-s(\d+)\.pt at epoch \d+, step (\d+)", text)
-    assert resumed and resumed.group(1).lstrip("0") == stopped.group(1) == resumed.group(2), text[-4000:]
-    assert 0 < int(stopped.group(1)) < CPU_STEPS
-
-    result = result_of(cwd, job_id)
-    reference = result_of(uninterrupted["cwd"], uninterrupted["job_id"])
-    assert result["global_step"] == CPU_STEPS and result["stopped_by"] is None
-    assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
-    # Validation of the same final weights: the same figures. (The training loss and accuracy of
-    # the epoch the stop fell in cover only the steps after the resume.)
-    val = ("epoch", "global_step", "val_loss", "val_acc", "val_count")
-    assert {k: result["final"][k] for k in val} == {k: reference["final"][k] for k in val}
-
-
-def test_scancel_checkpoints_and_does_not_requeue(slurm_cluster, tmp_path):
-    """`scancel JOB` sends SIGTERM: the ranks still checkpoint together, but the job stays
-    cancelled (a requeue here would undo the user's cancel)."""
-    cwd = str(tmp_path)
-    job_id, log = submit(CPU_TEMPLATE, cwd)
-    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
-    run(["scancel", job_id])
-    wait_for_end(job_id, log, timeout=120)
-    time.sleep(3)      # a requeue, were there one, would show by now
-    info = job_info(job_id)
-    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, tail(log))
-    steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(
-        glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))[0])))]
-    assert steps and 0 < max(steps) < CPU_STEPS, (steps, tail(log))
-    assert "requeued" not in tail(log, 10**6)
-
-
-# ------------------------------------------------------------------------------ what --signal reaches
-_CATCHER = """\
-import os, signal, sys, time
-got = []
-for s in (signal.SIGUSR1, signal.SIGTERM):
-    signal.signal(s, lambda n, f: got.append(signal.Signals(n).name))
-print("task started", flush=True)
-deadline = time.time() + 100
-while not got and time.time() < deadline:
-    time.sleep(0.2)
-print("task got", got[0] if got else "nothing", flush=True)
-"""
-
-
-def test_signal_option_reaches_tasks_not_batch_shell(slurm_cluster, tmp_path):
-    """Slurm 22.05, `--signal=USR1@20` with a 1-minute limit: the srun task gets USR1 and the
-    batch shell does not; with `B:USR1@20` only the batch shell does. The templates use the
-    former, so every rank hears it without the script forwarding anything. (slurmctld sends the
-    signal at its first time-limit check, every 30 s, that is within 30 s of the due time: here
-    10-40 s after the start, once the task runs.)"""
-    catcher = tmp_path / "catcher.py"
-    catcher.write_text(_CATCHER)
-    body = ("#!/bin/bash\n"
-            f"srun -n 1 {PYTHON} {catcher} & step=$!\n"
-            # `wait` returns early for a trapped signal, so the shell can stop the step at once.
-            "trap 'echo \"batch shell got USR1\"; kill $step' USR1\n"
-            "wait $step || wait $step\n")
-    script = tmp_path / "sig.sbatch"
-    script.write_text(body)
-    jobs = {}
-    for signal_spec in ("USR1@20", "B:USR1@20"):
-        jobs[signal_spec] = submit(str(script), str(tmp_path), "-n", "1", "--time=1", f"--signal={signal_spec}",
-                                   f"--job-name=sig-{signal_spec.replace(':', '').replace('@', '-')}",
-                                   "--output=%x-%j.out")
-    for signal_spec, (job_id, log) in jobs.items():
-        wait_for_end(job_id, log, timeout=240)
-        text = tail(log)
-        if signal_spec == "USR1@20":
-            assert "task got SIGUSR1" in text and "batch shell got USR1" not in text, text
-        else:
-            assert "batch shell got USR1" in text and "task got SIGUSR1" not in text, text
 
 
 # ------------------------------------------------------------------------------ the doctor as a job
@@ -163,9 +112,14 @@ def imagefolder_job(slurm_cluster, tmp_path_factory):
 
 @pytest.mark.parametrize("how", ["usr1", "scancel"])
 def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_path, how):
-    """Slurm signals every process of the step, DataLoader workers included: the workers ignore
-    it, the ranks stop together and checkpoint; after USR1 the job requeues and ends with the
-    reference's weights, after scancel (SIGTERM) it stays cancelled with its checkpoint."""
+    """`scancel -s USR1 JOB` (no -b, no --full) signals every task of the job's steps and not the
+    batch shell, as `#SBATCH --signal=USR1@T` does T seconds before the limit (see
+    test_signal_option_reaches_tasks_not_batch_shell); every process of the step, DataLoader
+    workers included: the workers ignore it, the ranks stop together and checkpoint; after USR1
+    the job requeues (Slurm holds a requeued job 10 s before it may start again), resumes at the
+    step it stopped at and ends with the reference's weights and validation figures; after
+    `scancel JOB` (SIGTERM) it stays cancelled with its checkpoint (a requeue would undo the
+    user's cancel). The job script is the generator's, as the templates are (test_slurm_generator.py)."""
     cwd = str(tmp_path)
     job_id, log = submit(imagefolder_job["script"], cwd)
     wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
@@ -175,15 +129,25 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
     stopped = re.search(r"stopped by (SIGUSR1|SIGTERM) at step (\d+); checkpoint written", text)
     assert stopped, f"no checkpoint at the stop (did it end first?):\n{text[-4000:]}"
     assert "DataLoader worker" not in text and "Traceback" not in text, text[-4000:]
+    reference = imagefolder_job["reference"]
+    assert 0 < int(stopped.group(2)) < reference["global_step"], text[-4000:]
     if how == "usr1":
         assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
-        result, reference = result_of(cwd, job_id), imagefolder_job["reference"]
-        assert result["global_step"] == reference["global_step"]
+        assert f"job {job_id} requeued" in text, text[-4000:]
+        resumed = re.search(r"resumed from \S+ckpt-e\d+-s(\d+)\.pt at epoch \d+, step (\d+)", text)
+        assert resumed and resumed.group(1).lstrip("0") == stopped.group(2) == resumed.group(2), text[-4000:]
+        result = result_of(cwd, job_id)
+        assert result["global_step"] == reference["global_step"] and result["stopped_by"] is None
         assert [r["param_checksum"] for r in result["ranks"]] == [r["param_checksum"] for r in reference["ranks"]]
+        # Validation of the same final weights: the same figures. (The training loss and accuracy
+        # of the epoch the stop fell in cover only the steps after the resume.)
+        val = ("epoch", "global_step", "val_loss", "val_acc", "val_count")
+        assert {k: result["final"][k] for k in val} == {k: reference["final"][k] for k in val}
     else:
         time.sleep(3)  # a requeue, were there one, would show by now
         info = job_info(job_id)
         assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, text[-4000:])
+        assert "requeued" not in tail(log, 10**6)
         [ckpt_dir] = glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))
         steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(ckpt_dir)))]
         assert int(stopped.group(2)) in steps, (steps, text[-4000:])
@@ -242,6 +206,22 @@ def test_a_rank_frozen_after_the_others_ended_does_not_hold_the_job(slurm_cluste
     assert not job_processes(), f"left behind: {job_processes()}"
     print(f"rank 1 frozen at the end: the job ended {took:.1f} s after rank 0 exited (--wait={wait}), "
           f"{info['JobState']}")
+
+
+# ------------------------------------------------------------------------------ what --signal reaches (its jobs: signal_jobs)
+def test_signal_option_reaches_tasks_not_batch_shell(signal_jobs):
+    """Slurm 22.05, `--signal=USR1@20` with a 1-minute limit: the srun task gets USR1 and the
+    batch shell does not; with `B:USR1@20` only the batch shell does. The templates use the
+    former, so every rank hears it without the script forwarding anything. (slurmctld sends the
+    signal at its first time-limit check, every 30 s, that is within 30 s of the due time: here
+    10-40 s after the start, once the task runs.)"""
+    for signal_spec, (job_id, log) in signal_jobs.items():
+        wait_for_end(job_id, log, timeout=240)
+        text = tail(log)
+        if signal_spec == "USR1@20":
+            assert "task got SIGUSR1" in text and "batch shell got USR1" not in text, text
+        else:
+            assert "batch shell got USR1" in text and "task got SIGUSR1" not in text, text
 
 
 def test_a_study_of_a_users_own_model_file_runs_its_jobs(slurm_cluster, tmp_path):
