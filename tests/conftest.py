@@ -304,6 +304,12 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+def pytest_configure(config):
+    from side_lane import SideLane
+
+    config.pluginmanager.register(SideLane(config), "side-lane")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):

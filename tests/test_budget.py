@@ -42,7 +42,9 @@ def test_the_recorded_suite_stays_under_its_ceiling():
     """The ratchet: the measured suite may not grow past CEILING_MINUTES (which only goes down,
     towards GOAL_MINUTES)."""
     recorded = budget.load()
-    minutes = sum(recorded["files"].values()) / 60 + budget.SETUP_WARM_MINUTES
+    # The run's measured wall time where recorded (the side lane's files run beside the rest, so
+    # the files' seconds add up to more than the run took); their sum and set-up's share otherwise.
+    minutes = recorded.get("wall_minutes") or sum(recorded["files"].values()) / 60 + budget.SETUP_WARM_MINUTES
     assert budget.CEILING_MINUTES >= budget.GOAL_MINUTES
     assert minutes <= budget.CEILING_MINUTES, (
         f"the suite takes {minutes:.1f} minutes on record, over its {budget.CEILING_MINUTES:.1f}-minute ceiling "

@@ -1,0 +1,116 @@
+"""A second pytest beside the main one, for the test files that mostly wait or use one core.
+
+Most distributed tests keep both cores of the reference machine busy (two ranks importing torch
+or TensorFlow, then training); a few files do not: set-up runs as another user (one process at a
+time, pip, a probe; the Horovod builds when their inputs changed), the GPU check's CPU mode (one
+rank at a time), Slurm jobs (waiting for slurmctld's time-limit check, a requeue's 10 s hold) and
+the DataLoader workers' tests (one rank). Run one after the other they left a core idle for
+minutes; run beside the rest they use it. Nothing is weakened: every test runs, in the same
+process layout, and the main run fails when the side run fails.
+
+How: after collection and `-k`/`-m` selection, when the selection holds tests of SIDE_FILES *and*
+others, those of SIDE_FILES are taken out of this session and started at once as a second pytest
+(same interpreter, same rootdir, HVDTRAIN_SIDE_LANE=1 so it does not split again, its own
+--basetemp), whose output goes to a log. At the end this session waits for it, prints its output,
+adds its test cases to this session's --junitxml report, and fails when it failed. Each session
+starts its own local Slurm cluster when its tests need one (conftest.py's slurm_cluster: free
+ports, its own directory and PMIx directory), so the two never share a cluster.
+
+HVDTRAIN_SIDE_LANE=0 runs everything in one session (as before); a selection of side files only
+(`bash scripts/test.sh -k pypi_gpu -rP`) runs in this session, with its options.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+SIDE_FILES = ("test_setup.py", "test_gpu_check.py", "test_slurm_jobs.py", "test_torch_workers.py")
+LANE_VARIABLE = "HVDTRAIN_SIDE_LANE"
+
+
+def _die_with_parent() -> None:
+    """In the side pytest, before exec: SIGTERM when the main pytest dies (a CI runner killing it
+    leaves no side run going on for minutes)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class SideLane:
+    def __init__(self, config):
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+        self.count = 0
+        self.started = 0.0
+
+    @pytest.hookimpl(trylast=True)  # after -k/-m selection (the mark plugin's hook)
+    def pytest_collection_modifyitems(self, config, items):
+        if os.environ.get(LANE_VARIABLE) in ("0", "1") or config.option.collectonly:
+            return
+        # Only distributed-tier tests: a fast one costs less than the second pytest's start.
+        side = [item for item in items if os.path.basename(str(item.fspath)) in SIDE_FILES
+                and item.get_closest_marker("slow")]
+        if not side or len(side) == len(items):
+            return
+        items[:] = [item for item in items if item not in side]
+        base = pathlib.Path(tempfile.mkdtemp(prefix="hvdtrain-side-lane-"))
+        self.log = base / "side-lane.log"
+        self.xml = base / "side-lane.xml"
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-ra", "--basetemp", str(base / "side"),
+                "--junitxml", str(self.xml), f"--durations={config.option.durations or 10}"]
+        argv += [f"--maxfail={config.option.maxfail}"] if config.option.maxfail else []
+        argv += ["-v"] * max(0, config.option.verbose)
+        argv += [item.nodeid for item in side]
+        env = {**os.environ, LANE_VARIABLE: "1"}
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(config.rootpath),
+                                         env=env, preexec_fn=_die_with_parent)
+        self.count, self.started = len(side), time.monotonic()
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(f"side lane: {len(side)} tests of {', '.join(SIDE_FILES)} run in a second pytest "
+                                f"beside this one (pid {self.proc.pid}; its output at the end, and in {self.log})")
+
+    @pytest.hookimpl(trylast=True)  # after the junitxml plugin has written this session's report
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.proc is None:
+            return
+        if self.config.option.maxfail and session.testsfailed >= self.config.option.maxfail \
+                and self.proc.poll() is None:
+            self.proc.terminate()  # -x / --maxfail: this session stopped at a failure
+        self.returncode = self.proc.wait()
+        self.seconds = time.monotonic() - self.started
+        if self.returncode not in (0, 5):  # 5: nothing collected (cannot be: it was given node ids)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        xml_path = getattr(self.config.option, "xmlpath", None)
+        if xml_path and os.path.exists(xml_path) and self.xml.exists():
+            merge_junit(xml_path, str(self.xml))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.proc is None:
+            return
+        terminalreporter.write_sep("=", f"side lane: {self.count} tests, exit {self.returncode}, "
+                                        f"{self.seconds:.0f} s ({self.log})")
+        with open(self.log, errors="replace") as f:
+            for line in f:
+                terminalreporter.write(line)
+
+
+def merge_junit(main_path: str, side_path: str) -> None:
+    """The side run's test cases appended to the main report's test suite, its counts added."""
+    main, side = ET.parse(main_path), ET.parse(side_path)
+    suite = main.getroot().find("testsuite") if main.getroot().tag == "testsuites" else main.getroot()
+    side_suite = side.getroot().find("testsuite") if side.getroot().tag == "testsuites" else side.getroot()
+    for key in ("tests", "errors", "failures", "skipped"):
+        suite.set(key, str(int(suite.get(key, 0)) + int(side_suite.get(key, 0))))
+    for case in side_suite.iter("testcase"):
+        suite.append(case)
+    main.write(main_path, encoding="utf-8", xml_declaration=True)
