@@ -4,12 +4,13 @@ Most distributed tests keep both cores of the reference machine busy (two ranks 
 or TensorFlow, then training); a few files do not: set-up runs as another user (one process at a
 time, pip, a probe; the Horovod builds when their inputs changed), the GPU check's CPU mode (one
 rank at a time), Slurm jobs (waiting for slurmctld's time-limit check, a requeue's 10 s hold) and
-the DataLoader workers' tests (one rank). Run one after the other they left a core idle for
+the DataLoader workers' tests (one rank), and single tests of that kind elsewhere (marked). Run one after the other they left a core idle for
 minutes; run beside the rest they use it. Nothing is weakened: every test runs, in the same
 process layout, and the main run fails when the side run fails.
 
-How: after collection and `-k`/`-m` selection, when the selection holds tests of SIDE_FILES *and*
-others, those of SIDE_FILES are taken out of this session and started at once as a second pytest
+How: after collection and `-k`/`-m` selection, when the selection holds distributed-tier tests
+of SIDE_FILES (or marked `side_lane`: single tests of that kind in other files) *and* others,
+the former are taken out of this session and started at once as a second pytest
 (same interpreter, same rootdir, HVDTRAIN_SIDE_LANE=1 so it does not split again, its own
 --basetemp), whose output goes to a log. At the end this session waits for it, prints its output,
 adds its test cases to this session's --junitxml report, and fails when it failed. Each session
@@ -24,16 +25,17 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
-SIDE_FILES = ("test_setup.py", "test_gpu_check.py", "test_slurm_jobs.py", "test_torch_workers.py")
+SIDE_FILES = ("test_setup.py", "test_gpu_check.py", "test_slurm_jobs.py", "test_slurm_nodes.py", "test_slurm_sites.py",
+              "test_torch_workers.py")
 LANE_VARIABLE = "HVDTRAIN_SIDE_LANE"
 
 
@@ -49,15 +51,14 @@ class SideLane:
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.count = 0
-        self.started = 0.0
 
     @pytest.hookimpl(trylast=True)  # after -k/-m selection (the mark plugin's hook)
     def pytest_collection_modifyitems(self, config, items):
         if os.environ.get(LANE_VARIABLE) in ("0", "1") or config.option.collectonly:
             return
         # Only distributed-tier tests: a fast one costs less than the second pytest's start.
-        side = [item for item in items if os.path.basename(str(item.fspath)) in SIDE_FILES
-                and item.get_closest_marker("slow")]
+        side = [item for item in items if item.get_closest_marker("slow")
+                and (os.path.basename(str(item.fspath)) in SIDE_FILES or item.get_closest_marker("side_lane"))]
         if not side or len(side) == len(items):
             return
         items[:] = [item for item in items if item not in side]
@@ -73,11 +74,12 @@ class SideLane:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(config.rootpath),
                                          env=env, preexec_fn=_die_with_parent)
-        self.count, self.started = len(side), time.monotonic()
+        self.count = len(side)
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter:
-            reporter.write_line(f"side lane: {len(side)} tests of {', '.join(SIDE_FILES)} run in a second pytest "
-                                f"beside this one (pid {self.proc.pid}; its output at the end, and in {self.log})")
+            reporter.write_line(f"side lane: {len(side)} tests ({', '.join(SIDE_FILES)}, and those marked side_lane) "
+                                f"run in a second pytest "
+                                f"beside this one (pid {self.proc.pid}; its output at the end)")
 
     @pytest.hookimpl(trylast=True)  # after the junitxml plugin has written this session's report
     def pytest_sessionfinish(self, session, exitstatus):
@@ -87,7 +89,6 @@ class SideLane:
                 and self.proc.poll() is None:
             self.proc.terminate()  # -x / --maxfail: this session stopped at a failure
         self.returncode = self.proc.wait()
-        self.seconds = time.monotonic() - self.started
         if self.returncode not in (0, 5):  # 5: nothing collected (cannot be: it was given node ids)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         xml_path = getattr(self.config.option, "xmlpath", None)
@@ -97,11 +98,15 @@ class SideLane:
     def pytest_terminal_summary(self, terminalreporter):
         if self.proc is None:
             return
-        terminalreporter.write_sep("=", f"side lane: {self.count} tests, exit {self.returncode}, "
-                                        f"{self.seconds:.0f} s ({self.log})")
+        terminalreporter.write_sep("=", f"side lane: {self.count} tests, exit {self.returncode}"
+                                        + ("" if self.returncode == 0 else f" ({self.log})"))
         with open(self.log, errors="replace") as f:
             for line in f:
                 terminalreporter.write(line)
+
+    def pytest_unconfigure(self, config):
+        if self.proc is not None and getattr(self, "returncode", None) == 0:
+            shutil.rmtree(self.log.parent, ignore_errors=True)  # kept when it failed: its log, its tmp files
 
 
 def merge_junit(main_path: str, side_path: str) -> None:

@@ -67,6 +67,7 @@ def test_compare_rejects_unknown_workload(tmp_path):
     assert "unknown workload 'gpt5'; valid: resnet50-synthetic" in done.stderr
 
 
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_compare_ddp_and_lightning_under_torchrun(tmp_path):
     """`--launcher torchrun` (one node, the seeds' talk) runs DDP and Lightning at 1 and 2 ranks;
     Lightning recognises torchrun itself (TorchElasticEnvironment) at 2; E(2) is in the table as
@@ -106,6 +107,7 @@ def test_horovod_under_torchrun_is_refused_in_one_line():
     assert lines and all(m["prog"] == "hvdtrain.torch" and m["size"] == "2" for m in lines), done.stderr[-3000:]
 
 
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_missing_optional_backends_fail_alone_in_one_line(tmp_path):
     """Accelerate and Lightning hidden (packages on PYTHONPATH that fail to import, as uninstalled
     ones would): their runs fail with one line each, ddp's is measured, the comparison exits non-zero."""

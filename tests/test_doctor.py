@@ -12,6 +12,10 @@ import pytest
 from conftest import PYTHON, base_env, launch
 
 DOCTOR = [PYTHON, "-m", "hvdtrain.doctor", "--large-mib", "4", "--timeout", "60"]
+# Where the ranks' evenness is not the subject: a rank that shares its core with another process
+# (the suite's side lane runs beside these tests: tests/side_lane.py) is rightly named slow by the
+# default threshold. The verdict's threshold is test_a_slow_rank_is_named_and_fails_the_verdict's.
+LENIENT = ["--slow-fraction", "0.9"]
 
 
 def verdict(output: str) -> list[str]:
@@ -34,7 +38,7 @@ def mpi4py_allreduce_ms(output: str) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher,np", [("single", 1), ("mpirun", 2), ("horovodrun", 2)])
 def test_ready(launcher, np):
-    run = launch(launcher, np, DOCTOR, timeout=120)
+    run = launch(launcher, np, DOCTOR + LENIENT, timeout=120)
     out = run.output
     assert f"hvdtrain doctor: {np} rank(s) via" in out, out[-3000:]
     assert f"allreduce (sum, average) and broadcast correct on {np}/{np} rank(s)" in out, out[-3000:]
@@ -49,7 +53,7 @@ def test_ready(launcher, np):
     if np == 1:
         assert "on the only rank (nothing to compare it with)" in out, out[-3000:]
     else:
-        assert f"compute: the {np} ranks are even (none more than 25 % below the median): min " in out, out[-3000:]
+        assert f"compute: the {np} ranks are even (none more than 90 % below the median): min " in out, out[-3000:]
     if launcher == "horovodrun":  # --gloo: no MPI to compare with, and a line that says so
         assert "MPI comparison (mpi4py) skipped: Horovod runs with Gloo" in out, out[-3000:]
         assert not mpi4py_allreduce_ms(out), out[-3000:]
@@ -60,13 +64,14 @@ def test_ready(launcher, np):
 
 @pytest.mark.slow
 def test_ready_under_srun(slurm_cluster):
-    run = launch("srun", 2, DOCTOR, timeout=180)
+    run = launch("srun", 2, DOCTOR + LENIENT, timeout=180)
     assert "hvdtrain doctor: 2 rank(s) via slurm" in run.output, run.output[-3000:]
     assert "correct on 2/2 rank(s)" in run.output and len(verdict(run.output)) == 1
     assert "READY: 2 rank(s)" in verdict(run.output)[0]
 
 
 @pytest.mark.slow
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_horovod_without_torch_ops(tmp_path):
     """A real Horovod install whose PyTorch extension is missing (a build without
     HOROVOD_WITH_PYTORCH=1): the checks still run on TensorFlow's ops, and the verdict says why."""

@@ -55,6 +55,7 @@ def test_breakdown_adds_up_and_names_the_slowed_rank(tmp_path, case):
 
 
 @pytest.mark.parametrize("loop, split", [("custom", "0"), ("fit", "1")])
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_tf_without_the_split_says_it_has_no_breakdown(tmp_path, loop, split):
     """The custom loop's step stays in one function unless HVDTRAIN_TF_PHASES=1; fit's always."""
     out = tmp_path / "tf.json"

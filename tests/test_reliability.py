@@ -197,6 +197,7 @@ def test_tf_diverging_run_stops_without_writing_a_checkpoint(tmp_path, loop):
     assert list_checkpoints(ckpt_dir) == []
 
 
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
     ckpt_dir = str(tmp_path / "ckpt")
     common = DIGITS + ["--checkpoint-dir", ckpt_dir, "--lr-schedule", "constant", "--epochs", "1"]
@@ -218,6 +219,7 @@ def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
     assert lrs and all(lr == pytest.approx(0.005) for lr in lrs), lrs  # what the optimizer stepped with
 
 
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_tf_resume_with_another_world_size_is_refused_then_resized(tmp_path):
     ckpt_dir = str(tmp_path / "ckpt")
     common = DIGITS + ["--checkpoint-dir", ckpt_dir, "--epochs", "1", "--loop", "custom"]

@@ -288,7 +288,8 @@ def test_pypi_gpu_build_without_mpi_or_cuda_toolkit(cluster_user, cluster_root):
     assert "BUILT True True True" in built.stdout, built.stdout + built.stderr
     mpirun = f"{venv}/bin/mpirun -np 2 --oversubscribe"
     doctor = as_user(cluster_user, cluster_root, "module-frameworks",
-                     f"cd repo && timeout 120 {mpirun} {venv}/bin/python -m hvdtrain.doctor --framework torch",
+                     f"cd repo && timeout 120 {mpirun} {venv}/bin/python -m hvdtrain.doctor --framework torch "
+                     "--slow-fraction 0.9",  # its evenness is not the subject (test_doctor.py's LENIENT)
                      hide_cuda=True, no_mpi=True, timeout=180)
     dout = doctor.stdout + doctor.stderr
     assert doctor.returncode == 0, dout[-4000:]

@@ -5,6 +5,8 @@ project of its own (two test files, one of them named as a side file)."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -73,6 +75,10 @@ def test_a_failure_in_the_side_lane_fails_the_run(tmp_path):
     assert done.returncode == 1, done.stdout[-3000:]
     assert cases["test_side"].find("failure") is not None, ET.tostring(cases["test_side"])
     assert "side lane: 1 tests, exit 1" in done.stdout and "FAILED tests/test_setup.py::test_side" in done.stdout
+    # Its files are kept for a look (their folder named in that line); this test's are removed.
+    kept = re.search(r"side lane: 1 tests, exit 1 \((\S+)/side-lane\.log\)", done.stdout).group(1)
+    assert os.path.isdir(kept)
+    shutil.rmtree(kept)
 
 
 def test_one_session_when_asked(tmp_path):

@@ -79,8 +79,15 @@ def test_tf_cpu_template_trains_to_completion(slurm_cluster, tmp_path):
 
 # ------------------------------------------------------------------------------ the doctor as a job
 def test_doctor_template_job_is_ready(slurm_cluster, tmp_path):
-    """slurm/doctor-cpu.sbatch submitted as is: 2 tasks check the stack and the job COMPLETES."""
-    job_id, log = submit(os.path.join(REPO, "slurm", "doctor-cpu.sbatch"), str(tmp_path))
+    """slurm/doctor-cpu.sbatch submitted as is, but for a lenient evenness threshold (the suite's
+    other lane shares the cores: test_doctor.py's LENIENT): 2 tasks check the stack and the job
+    COMPLETES."""
+    with open(os.path.join(REPO, "slurm", "doctor-cpu.sbatch")) as f:
+        text = f.read()
+    assert text.count("python -m hvdtrain.doctor\n") == 1, text
+    script = tmp_path / "doctor-cpu.sbatch"
+    script.write_text(text.replace("python -m hvdtrain.doctor\n", "python -m hvdtrain.doctor --slow-fraction 0.9\n"))
+    job_id, log = submit(str(script), str(tmp_path))
     info = wait_for_end(job_id, log, timeout=240)
     text = tail(log)
     assert info["JobState"] == "COMPLETED", f"{info}\n{text}"

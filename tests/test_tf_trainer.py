@@ -150,6 +150,7 @@ def _fake_checkpoint(path, model):
 
 # The data checks are shared with torch and tested without ranks (test_launch_config.py).
 @pytest.mark.parametrize("case", ["unknown-model", "unreadable-checkpoint", "other-model-checkpoint"])
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_bad_input_one_line_on_every_rank(tmp_path, case):
     argv = ["--model", "mnist_cnn", "--dataset", "digits", "--loop", "custom", "--epochs", "1"]
     if case == "unknown-model":
@@ -168,6 +169,7 @@ def test_bad_input_one_line_on_every_rank(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["keras3-already-bound", "tf-keras-missing"])
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_fit_without_keras2_says_why(tmp_path, case):
     env = base_env()
     env.pop("TF_USE_LEGACY_KERAS", None)
@@ -191,6 +193,7 @@ def test_fit_without_keras2_says_why(tmp_path, case):
     assert "AttributeError" not in run.output and "Traceback" not in run.output
 
 
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_keras_is_imported_without_scikit_learn_which_stays_importable():
     """Keras 3 would import scikit-learn for wrappers the trainer never uses (0.7 s per rank):
     keras_compat hides it during Keras' import only; the process can import it afterwards."""

@@ -69,6 +69,7 @@ def test_incompatible_checkpoint_lists_differences(tmp_path, digits_checkpoints)
     assert run.output.count(message) == 2 and "Traceback" not in run.output, run.output[-3000:]
 
 
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_horovod_without_torch_ops(tmp_path):
     """A real Horovod install whose PyTorch extension is missing, as a build without
     HOROVOD_WITH_PYTORCH=1 leaves it."""
