@@ -1,12 +1,14 @@
-"""A second pytest beside the main one, for the test files that mostly wait or use one core.
+"""A second pytest beside the main one, for the distributed tests that mostly wait or use one core.
 
 Most distributed tests keep both cores of the reference machine busy (two ranks importing torch
-or TensorFlow, then training); a few files do not: set-up runs as another user (one process at a
-time, pip, a probe; the Horovod builds when their inputs changed), the GPU check's CPU mode (one
-rank at a time), Slurm jobs (waiting for slurmctld's time-limit check, a requeue's 10 s hold) and
-the DataLoader workers' tests (one rank), and single tests of that kind elsewhere (marked). Run one after the other they left a core idle for
-minutes; run beside the rest they use it. Nothing is weakened: every test runs, in the same
-process layout, and the main run fails when the side run fails.
+or TensorFlow, then training); some do not: set-up runs as another user (one process at a time,
+pip, a probe; the Horovod builds when their inputs changed), the GPU check's CPU mode (one rank
+at a time), Slurm jobs (waiting for slurmctld's time-limit check, a requeue's 10 s hold), the
+DataLoader workers' tests (one rank), and single tests of that kind elsewhere (marked
+`side_lane`). Run one after the other they left a core idle for minutes; run beside the rest they
+use it. A few files of short launches join them so that the two lanes end about together.
+Nothing is weakened: every test runs, in the same process layout, and the main run fails when
+the side run fails.
 
 How: after collection and `-k`/`-m` selection, when the selection holds distributed-tier tests
 of SIDE_FILES (or marked `side_lane`: single tests of that kind in other files) *and* others,
@@ -68,8 +70,9 @@ class SideLane:
         base = pathlib.Path(tempfile.mkdtemp(prefix="hvdtrain-side-lane-"))
         self.log = base / "side-lane.log"
         self.xml = base / "side-lane.xml"
-        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-ra", "--basetemp", str(base / "side"),
-                "--junitxml", str(self.xml), f"--durations={config.option.durations or 10}"]
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"-r{config.option.reportchars or 'fE'}",
+                "--basetemp", str(base / "side"), "--junitxml", str(self.xml)]
+        argv += [f"--durations={config.option.durations}"] if config.option.durations is not None else []
         argv += [f"--maxfail={config.option.maxfail}"] if config.option.maxfail else []
         argv += ["-v"] * max(0, config.option.verbose)
         argv += [item.nodeid for item in side]
