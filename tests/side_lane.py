@@ -67,6 +67,11 @@ class SideLane:
         if not side or len(side) == len(items):
             return
         items[:] = [item for item in items if item not in side]
+        # Set-up's tests first: where their two Horovod builds must be redone (a cold machine, a
+        # changed set-up input) they are the side lane's longest part (8 minutes of both cores),
+        # best spread under the main lane from its start. (Measured cold, set-up's tests last
+        # among the side files: the side lane became the longer one.)
+        side.sort(key=lambda item: os.path.basename(str(item.fspath)) != "test_setup.py")
         base = pathlib.Path(tempfile.mkdtemp(prefix="hvdtrain-side-lane-"))
         self.log = base / "side-lane.log"
         self.xml = base / "side-lane.xml"
