@@ -56,6 +56,7 @@ class SideLane:
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.count = 0
+        self.returncode: int | None = None  # the side run's, once it ended
 
     @pytest.hookimpl(trylast=True)  # after -k/-m selection (the mark plugin's hook)
     def pytest_collection_modifyitems(self, config, items):
@@ -116,7 +117,7 @@ class SideLane:
                 terminalreporter.write(line)
 
     def pytest_unconfigure(self, config):
-        if self.proc is not None and getattr(self, "returncode", None) == 0:
+        if self.proc is not None and self.returncode == 0:
             shutil.rmtree(self.log.parent, ignore_errors=True)  # kept when it failed: its log, its tmp files
 
 
