@@ -1,8 +1,9 @@
 """Where the ranks listen, and keeping them on the loopback interface when that is enough.
 
-When every rank of a job runs on one host, nothing needs to accept connections from elsewhere,
-yet Open MPI's TCP transport listens on every interface of every rank (0.0.0.0 and [::]), and
-anyone who can reach the node can connect. `loopback_settings` (exported before MPI_Init; a
+When every rank of a job runs on one host (a job of one rank included: `python train.py`, an
+MPI singleton), nothing needs to accept connections from elsewhere, yet Open MPI's TCP transport
+listens on every interface of every rank (0.0.0.0 and [::]), and anyone who can reach the node
+can connect. `loopback_settings` (exported before MPI_Init; a
 user's own export wins) makes ranks use shared memory only (`btl self,vader`: no TCP listener at
 all) and Gloo the loopback interface. `listening(pid)` lists a process's listening TCP sockets
 from /proc, for the doctor and the tests.
@@ -18,7 +19,7 @@ WILDCARDS = ("0.0.0.0", "::")
 
 
 def single_host(env: ClusterEnv) -> bool:
-    return env.world_size > 1 and env.local_world_size == env.world_size
+    return env.local_world_size == env.world_size
 
 
 def loopback_settings(env: ClusterEnv) -> dict[str, str]:

@@ -52,6 +52,8 @@ def test_ready(launcher, np):
     assert all(value > 0 for value in compute_figures(out).values()), out[-3000:]
     if np == 1:
         assert "on the only rank (nothing to compare it with)" in out, out[-3000:]
+    if launcher != "horovodrun":  # one host: Open MPI's TCP transport off, a lone MPI singleton's too
+        assert all(f"rank {r} listens on: nothing" in out for r in range(np)), out[-3000:]
     else:
         assert f"compute: the {np} ranks are even (none more than 90 % below the median): min " in out, out[-3000:]
     if launcher == "horovodrun":  # --gloo: no MPI to compare with, and a line that says so

@@ -43,7 +43,8 @@ def test_documented_digits_command_reaches_95_percent_as_one_rank_does(tmp_path)
     two, _ = run_trainer(tmp_path, "doc", "mpirun", 2, cmd[6:], timeout=300)
     assert two["config"]["recipe"] == "small-cnn" and two["config"]["recipe_overrides"] == []
     batch, base_lr = two["config"]["batch_size"], two["config"]["base_lr"]
-    one, _ = run_trainer(tmp_path, "np1", "mpirun", 1, cmd[6:] + ["--batch-size", str(2 * batch),
+    # One rank as a user first runs it: `python -m hvdtrain.torch`, an MPI singleton.
+    one, _ = run_trainer(tmp_path, "np1", "single", 1, cmd[6:] + ["--batch-size", str(2 * batch),
                                                                    "--base-lr", str(2 * base_lr)])
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["config"]["global_batch_size"] == one["config"]["global_batch_size"] == 2 * batch
@@ -56,6 +57,8 @@ def test_documented_digits_command_reaches_95_percent_as_one_rank_does(tmp_path)
     checksums = {r["param_checksum"] for r in two["ranks"]}
     assert len(two["ranks"]) == 2 and len(checksums) == 1, two["ranks"]
     assert all(r["images_per_sec"] > 0 for r in two["ranks"])
+    # Alone on its host, the singleton keeps Open MPI's TCP transport off the network too.
+    assert one["launcher"] == "single" and one["listening_beyond_loopback"] == {"0": []}, one
 
 
 def _final_weights(ckpt_dir):

@@ -31,7 +31,7 @@ def _store_for(env: ClusterEnv):
                          "(or launch with mpirun, srun or torchrun)")
     if env.launcher not in ("openmpi", "slurm", "single"):
         return None
-    local = env.world_size == 1 or single_host(env)
+    local = single_host(env)
     address = None
     listener = None
     if env.rank == 0:
