@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (PYTHON, assert_each_rank_failed_with, base_env, kill_rank0_while_writing, launch,
-                      launch_each_rank_to_its_end, rank_pids, start_launch)
+from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, kill_rank0_while_writing,
+                      launch, launch_each_rank_to_its_end, rank_pids, start_launch)
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -270,6 +270,36 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path):
     for a, b in zip(whole[3:], resumed):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(batches(0, 0)[0], batches(1, 0)[0])
+
+
+@pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
+def test_a_bad_image_file_is_named_in_one_line(tmp_path):
+    """tf.data's decode error names an op, not a file: the rank that read a bad image ends the job
+    with one line naming it, in training (Keras fit, 2 ranks) and in validation (the custom loop),
+    and the data's own search finds nothing in good files."""
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.tf.data import build_data
+
+    root = write_digits_imagefolder(str(tmp_path / "png"), per_class_train=6, per_class_val=2, size=12)
+    argv = ["--model", "mnist_cnn", "--dataset", "imagefolder", "--data-dir", root, "--image-size", "12",
+            "--batch-size", "4", "--epochs", "1", "--threads-per-rank", "1"]
+    data = build_data(TrainConfig(framework="tf", model="mnist_cnn", dataset="imagefolder", data_dir=root,
+                                  image_size=12))
+    assert data.bad_sample("train", range(data.train_size)) is None
+    assert data.bad_sample("val", data.val_order(0, 1)) is None
+    bad = os.path.join(root, "train", "3", "zz-bad.png")
+    with open(bad, "wb") as f:
+        f.write(b"not an image")
+    run = launch("mpirun", 2, TRAIN + argv + ["--loop", "fit"], timeout=180, check=False)
+    assert_job_failed_with(run, f"cannot read image {bad} (Unknown image file format.", 2)
+    os.remove(bad)
+    good = os.path.join(root, "val", "5", sorted(os.listdir(os.path.join(root, "val", "5")))[0])
+    bad = os.path.join(root, "val", "5", "zz-bad.png")  # in validation, a PNG cut short
+    with open(good, "rb") as src, open(bad, "wb") as dst:
+        dst.write(src.read(60))
+    run = launch("single", 1, TRAIN + argv + ["--loop", "custom"], timeout=180, check=False)
+    assert_job_failed_with(run, f"cannot read image {bad} (Invalid PNG data", 1)
 
 
 def _newest_weights(ckpt_dir) -> dict:

@@ -14,6 +14,7 @@ one rank, no padding; the last batch may be short.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,16 @@ from hvdtrain import datasets
 
 
 PREFETCH_BATCHES = 2  # the next batch is ready while a step runs, and one more for a slow file
+# How far ahead of the step being trained a pipeline error can come from: the prefetched batches,
+# the one being batched, the parallel map's elements in flight, and Keras fit's own prefetch.
+READ_AHEAD_BATCHES = PREFETCH_BATCHES + 4
+
+
+def op_error_reason(err: tf.errors.OpError) -> str:
+    """A TensorFlow op's error as a short reason: its first line without the function and op names."""
+    text = (err.message or type(err).__name__).strip().splitlines()[0]
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(err).__name__
 
 
 @dataclass
@@ -38,6 +49,7 @@ class TFData:
     load_val: object      # None: no validation set
     per_sample: bool      # files are decoded one by one; arrays are gathered a batch at a time
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
+    files: dict | None = None  # image files, {"train": paths, "val": paths}: see bad_sample
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -52,12 +64,18 @@ class TFData:
         options.autotune.enabled = False
         return options
 
+    def train_order(self, epoch: int, rank: int, world_size: int, seed: int) -> np.ndarray:
+        """This rank's samples of an epoch, in order: every world_size-th of the epoch's permutation."""
+        return np.random.default_rng([seed, epoch]).permutation(self.train_size)[rank::world_size]
+
+    def val_order(self, rank: int, world_size: int) -> np.ndarray:
+        return np.array(datasets.exact_shard(self.val_size, rank, world_size), dtype=np.int64)
+
     def train(self, epoch: int, skip_steps: int, rank: int, world_size: int, steps: int,
               batch_size: int, seed: int) -> tf.data.Dataset:
         """The epoch's batches from skip_steps up to steps (exclusive), in the epoch's order."""
-        order = np.random.default_rng([seed, epoch]).permutation(self.train_size)
-        ds = tf.data.Dataset.from_tensor_slices(order).shard(world_size, rank)
-        ds = ds.take(steps * batch_size).skip(skip_steps * batch_size)
+        order = self.train_order(epoch, rank, world_size, seed)[skip_steps * batch_size:steps * batch_size]
+        ds = tf.data.Dataset.from_tensor_slices(order)
         load = self.load_train
         if self.per_sample:
             # Augmentations drawn from (seed, epoch, sample), not from a stream: a run resumed in
@@ -67,9 +85,23 @@ class TFData:
         return self._load(ds, load, batch_size, drop_remainder=True)
 
     def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
-        shard = np.array(datasets.exact_shard(self.val_size, rank, world_size), dtype=np.int64)
-        return self._load(tf.data.Dataset.from_tensor_slices(shard), self.load_val, batch_size,
-                          drop_remainder=False)
+        return self._load(tf.data.Dataset.from_tensor_slices(self.val_order(rank, world_size)), self.load_val,
+                          batch_size, drop_remainder=False)
+
+    def bad_sample(self, split: str, indices) -> str | None:
+        """The first of these samples (of "train" or "val") whose file cannot be read or decoded, as
+        one line naming it; None when all decode (or the data are not files). tf.data's error names
+        no file, only the op: the trainer looks here for the one it failed on, among the samples its
+        pipeline had read ahead (read_ahead_batches)."""
+        if not self.files:
+            return None
+        for i in indices:
+            path = self.files[split][int(i)]
+            try:
+                tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+            except tf.errors.OpError as err:
+                return f"cannot read image {path} ({op_error_reason(err)})"
+        return None
 
     def _load(self, ds, load, batch_size, drop_remainder):
         if self.per_sample:  # image files: decoded in parallel by the rank's threads
@@ -143,8 +175,9 @@ def _imagefolder(cfg, threads: int) -> TFData:
             else:
                 image = tf.image.resize_with_crop_or_pad(image, size, size)
             return (image - mean) / std, labels_t[i]
-        return len(paths), load
+        return paths, load
 
-    n_train, load_train = loader(os.path.join(cfg.data_dir, "train"), True)
-    n_val, load_val = loader(os.path.join(cfg.data_dir, "val"), False)
-    return TFData(n_train, n_val, 3, len(classes), size, load_train, load_val, per_sample=True, threads=threads)
+    train_files, load_train = loader(os.path.join(cfg.data_dir, "train"), True)
+    val_files, load_val = loader(os.path.join(cfg.data_dir, "val"), False)
+    return TFData(len(train_files), len(val_files), 3, len(classes), size, load_train, load_val, per_sample=True,
+                  threads=threads, files={"train": train_files, "val": val_files})

@@ -20,9 +20,11 @@ import tensorflow as tf
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
+from hvdtrain.datasets import BadSample
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.tf import npz_checkpoint
+from hvdtrain.tf.data import READ_AHEAD_BATCHES
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.workload import TFWorkload, from_config
 from hvdtrain.trainer import EpochTrainer
@@ -182,8 +184,23 @@ class Trainer(EpochTrainer):
         self.data_threads = {"tf_data_private_pool": pools.private_threadpool_size,
                              "tf_data_max_intra_op": pools.max_intra_op_parallelism}
         # The loop calls self.before_step() and self.step_done(stats) for each step.
-        self.loop.run_epoch(dataset, at.epoch, steps, at.step_in_epoch)
+        try:
+            self.loop.run_epoch(dataset, at.epoch, steps, at.step_in_epoch)
+        except tf.errors.OpError as err:
+            order = self.data.train_order(at.epoch, self.rank, self.world_size, cfg.seed)
+            self._name_bad_sample(err, "train", order[:(at.step_in_epoch + steps) * cfg.batch_size],
+                                  self.position.step_in_epoch)
         return self.epoch_steps_done()
+
+    def _name_bad_sample(self, err: tf.errors.OpError, split: str, order, batches_done: int):
+        """A pipeline error names an op, not the file: decode the samples it may have been reading
+        (from the batch after the last one used) alone, and end with one line naming the bad one.
+        Any other error is raised as it was."""
+        start = batches_done * self.cfg.batch_size
+        bad = self.data.bad_sample(split, order[start:start + READ_AHEAD_BATCHES * self.cfg.batch_size])
+        if bad:
+            raise BadSample(bad) from None
+        raise err
 
     def _current_lr(self) -> float:
         lr = self.loop.optimizer.learning_rate
@@ -193,9 +210,14 @@ class Trainer(EpochTrainer):
         self._average_statistics()  # one set of BatchNorm statistics
         sums = np.zeros(3)
         self.watchdog.beat(where="validating")  # a rank stuck on its first batch says so too
-        for x, y in self.data.val(self.rank, self.world_size, self.cfg.batch_size):
-            self.watchdog.beat(where="validating")
-            sums += self._eval_step(x, y).numpy()
+        batches = 0
+        try:
+            for x, y in self.data.val(self.rank, self.world_size, self.cfg.batch_size):
+                self.watchdog.beat(where="validating")
+                sums += self._eval_step(x, y).numpy()
+                batches += 1
+        except tf.errors.OpError as err:
+            self._name_bad_sample(err, "val", self.data.val_order(self.rank, self.world_size), batches)
         total = self.backend.allreduce_sum(sums, "val_sums")
         count = int(total[2])
         return {"val_loss": total[0] / count, "val_acc": total[1] / count if self.reports_accuracy else None,
