@@ -24,9 +24,6 @@ def main(framework: str, models: Iterable[str], train: Callable[[TrainConfig], N
         if cfg.dataset == "imagefolder":
             check_imagefolder(cfg.data_dir)
         elif cfg.dataset == "shards":
-            if framework != "torch":
-                raise UsageError(f"--dataset shards is read by hvdtrain.torch only; hvdtrain.{framework} reads "
-                                 "--dataset imagefolder")
             read_manifest(cfg.data_dir)
         train(cfg)
     except UsageError as err:

@@ -305,9 +305,14 @@ class ShardReader:
     def _fd(self, shard: int) -> int:
         if self._pid != os.getpid():  # a forked worker: its own descriptors
             self._files, self._pid = {}, os.getpid()
-        if shard not in self._files:
-            self._files[shard] = os.open(self.shards[shard], os.O_RDONLY)
-        return self._files[shard]
+        fd = self._files.get(shard)
+        if fd is None:  # (tf.data's threads read in parallel: the first descriptor kept is everyone's)
+            fd = os.open(self.shards[shard], os.O_RDONLY)
+            kept = self._files.setdefault(shard, fd)
+            if kept != fd:
+                os.close(fd)
+                fd = kept
+        return fd
 
     def __getstate__(self):  # sent to DataLoader workers: no descriptors
         return {**self.__dict__, "_files": {}, "_pid": None}

@@ -152,13 +152,12 @@ def test_a_corrupt_image_file_is_named(tmp_path):
         images.load_file(str(bad))
 
 
-def test_the_tf_trainer_refuses_shards_in_one_line(folder, tmp_path):
-    """hvdtrain.tf reads image folders through tf.data, not shards (docs/data.md's scope): one
-    line naming both trainers, exit 2, before TensorFlow is imported (0.1 s)."""
-    written = str(tmp_path / "shards")
-    shards.write(written, *shards.imagefolder_sources(folder), progress=False)
+def test_the_tf_trainer_checks_the_shard_directory_before_importing_tensorflow(folder, tmp_path):
+    """hvdtrain.tf reads shards too (tests/test_tf_trainer.py trains on them): a directory that is
+    not one (an image folder given by mistake) is one line, exit 2, before TensorFlow is imported."""
     run = subprocess.run([PYTHON, "-m", "hvdtrain.tf", "--model", "mnist_cnn", "--dataset", "shards", "--data-dir",
-                          written], capture_output=True, text=True, timeout=60)
+                          folder], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and run.stdout == "", run
-    assert run.stderr.strip().splitlines() == ["hvdtrain.tf: error [rank 0/1]: --dataset shards is read by "
-                                               "hvdtrain.torch only; hvdtrain.tf reads --dataset imagefolder"], run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"hvdtrain.tf: error [rank 0/1]: '{folder}' holds no manifest.json: not a shard directory "
+        "(python -m hvdtrain.shards write ... --out DIR)"], run.stderr

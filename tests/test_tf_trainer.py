@@ -247,19 +247,24 @@ def test_srun_two_tasks_runs_the_tf_trainer(slurm_cluster, tmp_path):
     assert "0: [" in run.output and "hvdtrain.tf: horovod on 2 rank(s) via slurm" in run.output
 
 
-def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path):
+@pytest.mark.parametrize("dataset", ["imagefolder", "shards"])
+def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path, dataset):
     """The TF pipeline's random crops and flips are a function of (seed, epoch, sample): an epoch
     started at step 3 (a resume) gets the batches the whole epoch had from step 3 on, and another
-    epoch other crops. (A TF run resumed mid-epoch still differs from an uninterrupted one: its
-    dropout draws from a stream. Not yet exact.)"""
+    epoch other crops; from a folder and from shards. (A TF run resumed mid-epoch on a model with
+    dropout still differs from an uninterrupted one: dropout draws from a stream.)"""
     import numpy as np
 
+    from hvdtrain import shards
     from hvdtrain.config import TrainConfig
     from hvdtrain.datasets import write_digits_imagefolder
     from hvdtrain.tf.data import build_data
 
     root = write_digits_imagefolder(str(tmp_path / "png"), per_class_train=4, per_class_val=1, size=16)
-    data = build_data(TrainConfig(framework="tf", model="mnist_cnn", dataset="imagefolder", data_dir=root,
+    if dataset == "shards":
+        shards.write(str(tmp_path / "shards"), *shards.imagefolder_sources(root), progress=False)
+        root = str(tmp_path / "shards")
+    data = build_data(TrainConfig(framework="tf", model="mnist_cnn", dataset=dataset, data_dir=root,
                                   image_size=12, seed=3))
 
     def batches(epoch, skip):
@@ -276,7 +281,8 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path):
 def test_a_bad_image_file_is_named_in_one_line(tmp_path):
     """tf.data's decode error names an op, not a file: the rank that read a bad image ends the job
     with one line naming it, in training (Keras fit, 2 ranks) and in validation (the custom loop),
-    and the data's own search finds nothing in good files."""
+    a damaged shard member too, and the data's own search finds nothing in good files."""
+    from hvdtrain import shards
     from hvdtrain.config import TrainConfig
     from hvdtrain.datasets import write_digits_imagefolder
     from hvdtrain.tf.data import build_data
@@ -300,6 +306,19 @@ def test_a_bad_image_file_is_named_in_one_line(tmp_path):
         dst.write(src.read(60))
     run = launch("single", 1, TRAIN + argv + ["--loop", "custom"], timeout=180, check=False)
     assert_job_failed_with(run, f"cannot read image {bad} (Invalid PNG data", 1)
+    # From shards: a member whose bytes differ from the manifest's CRC-32 (a flipped byte
+    # often still decodes), named by shard and member.
+    os.remove(bad)
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(root), progress=False)
+    reader = shards.ShardReader(out, "train")
+    shard, offset = reader.shards[reader.index["shard"][3]], int(reader.index["offset"][3])
+    with open(shard, "r+b") as f:
+        f.seek(offset + 40)
+        f.write(b"\x00\x01\x02")
+    argv[argv.index("imagefolder"):argv.index("imagefolder") + 3] = ["shards", "--data-dir", out]
+    run = launch("single", 1, TRAIN + argv + ["--loop", "custom"], timeout=180, check=False)
+    assert_job_failed_with(run, f"shard {shard}, member 00000003.png is damaged (checksum differs", 1)
 
 
 def _newest_weights(ckpt_dir) -> dict:
@@ -308,16 +327,20 @@ def _newest_weights(ckpt_dir) -> dict:
         return {k: f[k] for k in f.files if k.startswith("model/")}
 
 
-def test_mid_epoch_resume_on_image_files_ends_with_the_same_weights(tmp_path):
-    """Killed in the middle of an epoch on image files (random crops and flips drawn per sample
-    and epoch, stateless) while rank 0 writes a checkpoint, resumed from the interval checkpoint
-    before it, the run ends with the weights of an uninterrupted one.
+def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
+    """Killed in the middle of an epoch on image shards (random crops and flips drawn per sample
+    and epoch, stateless: from a folder too, test_image_augmentations_are_drawn_per_sample...)
+    while rank 0 writes a checkpoint, resumed from the interval checkpoint before it, the run
+    ends with the weights of an uninterrupted one.
     ResNet-18: no dropout, whose TF draws come from a stream a checkpoint does not hold."""
+    from hvdtrain import shards
     from hvdtrain.datasets import write_digits_imagefolder
 
-    data = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=4, per_class_val=1, size=32)
+    folder = write_digits_imagefolder(str(tmp_path / "folder"), per_class_train=4, per_class_val=1, size=32)
+    data = str(tmp_path / "shards")
+    shards.write(data, *shards.imagefolder_sources(folder), shard_mb=0.02, progress=False)
     # 40 images, batch 4 on 2 ranks: 5 steps per epoch, 10 in all.
-    common = ["--model", "resnet18", "--dataset", "imagefolder", "--data-dir", data, "--image-size", "32",
+    common = ["--model", "resnet18", "--dataset", "shards", "--data-dir", data, "--image-size", "32",
               "--batch-size", "4", "--epochs", "2", "--optimizer", "sgd", "--base-lr", "0.01", "--warmup-epochs", "0",
               "--threads-per-rank", "1", "--seed", "5", "--loop", "custom"]
     # Interval checkpoints every 3 steps, written in the background, and the epochs' ends.

@@ -1,12 +1,12 @@
 """tf.data pipelines built from hvdtrain.datasets: the same samples and split as the torch
 trainer, images channels-last. No distributed code here: rank and world size are plain numbers.
 
-    data = build_data(cfg)                        # a built-in dataset
+    data = build_data(cfg)                        # a built-in dataset, an image folder, shards
     data = arrays_data((x, y), (x_val, y_val))    # arrays given to hvdtrain.tf.fit, in memory
     for x, y in data.train(epoch=0, skip_steps=0, rank=0, world_size=2, steps=10): ...
 
 Training: each epoch one permutation of all samples, the same on every rank (seeded by seed and
-epoch), cut with `Dataset.shard` so that each rank takes every world_size-th index; every rank
+epoch), of which each rank takes every world_size-th index; every rank
 runs the same number of full batches (a collective would hang otherwise). Resuming mid-epoch
 skips the batches already trained. Validation: `datasets.exact_shard`, every sample on exactly
 one rank, no padding; the last batch may be short.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import datasets
+from hvdtrain import datasets, shards
 
 
 
@@ -49,7 +49,7 @@ class TFData:
     load_val: object      # None: no validation set
     per_sample: bool      # files are decoded one by one; arrays are gathered a batch at a time
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
-    files: dict | None = None  # image files, {"train": paths, "val": paths}: see bad_sample
+    files: dict | None = None  # image files: {split: i -> (bytes, where)}, for bad_sample
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -96,11 +96,14 @@ class TFData:
         if not self.files:
             return None
         for i in indices:
-            path = self.files[split][int(i)]
             try:
-                tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+                data, where = self.files[split](int(i))  # a shard's member checked against its CRC-32
+            except datasets.BadSample as err:
+                return str(err)
+            try:
+                tf.io.decode_image(data, channels=3, expand_animations=False)
             except tf.errors.OpError as err:
-                return f"cannot read image {path} ({op_error_reason(err)})"
+                return f"cannot read image {where} ({op_error_reason(err)})"
         return None
 
     def _load(self, ds, load, batch_size, drop_remainder):
@@ -114,6 +117,8 @@ class TFData:
 def build_data(cfg, threads: int = 1) -> TFData:
     if cfg.dataset == "imagefolder":
         return _imagefolder(cfg, threads)
+    if cfg.dataset == "shards":
+        return _shards(cfg, threads)
     if cfg.dataset == "digits":
         split = datasets.digits_split()
     else:
@@ -153,31 +158,60 @@ def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
     return paths, labels
 
 
-def _imagefolder(cfg, threads: int) -> TFData:
-    classes = datasets.check_imagefolder(cfg.data_dir)
-    size = cfg.image_size
+def _read_file(path: str) -> tuple[bytes, str]:
+    try:
+        with open(path, "rb") as f:
+            return f.read(), path
+    except OSError as err:
+        raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
+
+
+def _image_loader(read_bytes, labels, size: int, train: bool):
+    """load(i[, sample_seed]) -> (normalised float image HWC, label) of sample i, whose file's
+    bytes read_bytes(i) gives as a tf.string."""
+    labels_t = tf.constant(labels, dtype=tf.int64)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
-    def loader(root: str, train: bool):
-        paths, labels = _list_files(root, classes)
-        paths_t, labels_t = tf.constant(paths), tf.constant(labels, dtype=tf.int64)
+    def load(i, sample_seed=None):
+        image = tf.io.decode_image(read_bytes(i), channels=3, expand_animations=False)
+        image = tf.image.convert_image_dtype(image, tf.float32)
+        # Resize to 1.14 x size, then crop: random (+flip) for training,
+        # central for validation, as the torch trainer does.
+        image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
+        if train:
+            crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(sample_seed, 2))
+            image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
+            image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+        else:
+            image = tf.image.resize_with_crop_or_pad(image, size, size)
+        return (image - mean) / std, labels_t[i]
+    return load
 
-        def load(i, sample_seed=None):
-            image = tf.io.decode_image(tf.io.read_file(paths_t[i]), channels=3, expand_animations=False)
-            image = tf.image.convert_image_dtype(image, tf.float32)
-            # Resize to 1.14 x size, then crop: random (+flip) for training,
-            # central for validation, as the torch trainer does.
-            image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
-            if train:
-                crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(sample_seed, 2))
-                image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
-                image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-            else:
-                image = tf.image.resize_with_crop_or_pad(image, size, size)
-            return (image - mean) / std, labels_t[i]
-        return paths, load
 
-    train_files, load_train = loader(os.path.join(cfg.data_dir, "train"), True)
-    val_files, load_val = loader(os.path.join(cfg.data_dir, "val"), False)
-    return TFData(len(train_files), len(val_files), 3, len(classes), size, load_train, load_val, per_sample=True,
-                  threads=threads, files={"train": train_files, "val": val_files})
+def _imagefolder(cfg, threads: int) -> TFData:
+    classes = datasets.check_imagefolder(cfg.data_dir)
+    files, loads, sizes = {}, {}, {}
+    for split in ("train", "val"):
+        paths, labels = _list_files(os.path.join(cfg.data_dir, split), classes)
+        paths_t = tf.constant(paths)
+        files[split], sizes[split] = (lambda i, paths=paths: _read_file(paths[i])), len(paths)
+        loads[split] = _image_loader(lambda i, paths_t=paths_t: tf.io.read_file(paths_t[i]), labels,
+                                     cfg.image_size, split == "train")
+    return TFData(sizes["train"], sizes["val"], 3, len(classes), cfg.image_size, loads["train"], loads["val"],
+                  per_sample=True, threads=threads, files=files)
+
+
+def _shards(cfg, threads: int) -> TFData:
+    """Tar shards written by python -m hvdtrain.shards: each sample read at its offset (and checked
+    against its CRC-32) by the ShardReader that hvdtrain.torch uses, inside tf.data's map, whose
+    threads read and decode in parallel (os.pread releases the GIL)."""
+    readers = {split: shards.ShardReader(cfg.data_dir, split) for split in ("train", "val")}
+    loads = {}
+    for split, reader in readers.items():
+        def read_bytes(i, reader=reader):
+            data = tf.numpy_function(lambda j: reader.read(int(j))[0], [i], tf.string, stateful=False)
+            return tf.ensure_shape(data, [])
+        loads[split] = _image_loader(read_bytes, reader.labels, cfg.image_size, split == "train")
+    files = {split: lambda i, reader=reader: (reader.read(i)[0], reader.where(i)) for split, reader in readers.items()}
+    return TFData(len(readers["train"]), len(readers["val"]), 3, len(readers["train"].classes), cfg.image_size,
+                  loads["train"], loads["val"], per_sample=True, threads=threads, files=files)
