@@ -62,3 +62,32 @@ def test_own_loss_regression_reports_no_accuracy_and_learns(tmp_path):
     # Vectors, not images: the log and the result count samples.
     assert result["throughput"]["unit"] == "samples" and "samples/s in all" in run.output and "img/s" not in run.output
     assert "Traceback" not in run.output and "error [" not in run.output
+
+
+def test_a_tf_dataset_is_read_unbatched_and_a_batched_one_is_one_line():
+    """fit() reads an unbatched tf.data.Dataset into arrays (through a map and a prefetch, or a
+    batch() undone by unbatch()). A batched one (model.fit's habit, image_dataset_from_directory's
+    default) would count each batch as a sample ("10 training samples" for 200 images): it is one
+    line naming its batch size and the fix. An infinite one is one line too. (In this process,
+    no ranks.)"""
+    import re
+
+    import numpy as np
+    import tensorflow as tf
+
+    from hvdtrain.errors import UsageError
+    from hvdtrain.tf import workload as wl
+
+    x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20) % 3
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    for readable in (ds.map(lambda a, b: (a * 1, b)).prefetch(2), ds.batch(6).unbatch()):
+        got_x, got_y = wl.as_arrays(readable, "fit(): train_data", class_labels=True)
+        np.testing.assert_array_equal(got_x, x)
+        np.testing.assert_array_equal(got_y, y)
+    for batched, size in ((ds.batch(6), 6), (ds.padded_batch(4).map(lambda a, b: (a, b)).prefetch(1), 4)):
+        with pytest.raises(UsageError, match=re.escape(
+                f"fit(): train_data is batched (a batch() in its pipeline, batches of {size}): give it unbatched "
+                f"(train_data.unbatch()) and the batch size to fit() (batch_size={size}, per rank)")):
+            wl.as_arrays(batched, "fit(): train_data", class_labels=True)
+    with pytest.raises(UsageError, match=re.escape("fit(): val_data is infinite (repeat()?)")):
+        wl.as_arrays(ds.repeat(), "fit(): val_data", class_labels=True)

@@ -220,7 +220,7 @@ class Trainer(EpochTrainer):
             self._name_bad_sample(err, "val", self.data.val_order(self.rank, self.world_size), batches)
         total = self.backend.allreduce_sum(sums, "val_sums")
         count = int(total[2])
-        return {"val_loss": total[0] / count, "val_acc": total[1] / count if self.reports_accuracy else None,
+        return {"val_loss": float(total[0]) / count, "val_acc": float(total[1]) / count if self.reports_accuracy else None,
                 "val_count": count}
 
     # ------------------------------------------------------------------ checkpoints and results

@@ -128,9 +128,37 @@ def is_tf_dataset(data) -> bool:
     return tf is not None and isinstance(data, tf.data.Dataset)
 
 
+def batched_by(data) -> str | None:
+    """The batch size of the batch() in a tf.data pipeline, as text ("16", "?"), found through its
+    inputs (a map or prefetch after it); None when it has none, or an unbatch() after it.
+    (tf.data keeps each stage's input as `_input_dataset`: its structure, not a public API, so
+    anything unexpected counts as no batch.)"""
+    stage = data
+    for _ in range(100):
+        name = type(stage).__name__
+        if "Unbatch" in name:
+            return None
+        if name.endswith("BatchDataset"):  # batch, padded_batch, a parallel batch
+            try:
+                return str(int(stage._batch_size))
+            except Exception:  # noqa: BLE001 - a size not known here
+                return "?"
+        stage = getattr(stage, "_input_dataset", None)
+        if stage is None:
+            return None
+    return None
+
+
 def _read_dataset(data, what: str) -> tuple:
     """An unbatched tf.data.Dataset of (input, target) pairs, read once into two arrays."""
     tf = sys.modules["tensorflow"]
+    batch = batched_by(data)
+    if batch is not None:
+        # Read as it is, each batch would count as one sample; unbatched quietly, its batch size
+        # would be replaced by fit()'s batch_size unsaid. (image_dataset_from_directory batches by 32.)
+        raise UsageError(f"{what} is batched (a batch() in its pipeline, batches of {batch}): give it unbatched "
+                         f"({what.split(': ')[-1]}.unbatch()) and the batch size to fit() (batch_size={batch}, per rank): "
+                         "hvdtrain batches each rank's share itself")
     spec = data.element_spec
     if not isinstance(spec, tuple) or len(spec) != 2 or not all(isinstance(s, tf.TensorSpec) for s in spec):
         raise UsageError(f"{what} must give (input, target) pairs of tensors; its elements are {spec}")
