@@ -87,6 +87,28 @@ def test_a_dataset_that_does_not_give_pairs_is_one_line(plugin, body, message):
     assert str(err.value) == f"--dataset {path}:datasets: {message}".replace(": must return", " must return")
 
 
+def test_a_dataloader_or_an_iterable_dataset_given_as_data_is_one_line():
+    """fit(model, DataLoader(...)) is model code's habit: the line says to give its dataset and
+    batch size; an IterableDataset cannot be sharded exactly by hvdtrain, and the line says so."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    from hvdtrain.torch.workload import check_pairs
+
+    pairs = TensorDataset(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
+    assert check_pairs(pairs, "fit(): train_data") == "samples"
+    with pytest.raises(UsageError, match=r"^fit\(\): train_data is a DataLoader: give its dataset \(loader.dataset\) "
+                                         r"and batch_size=4 \(per rank\)"):
+        check_pairs(DataLoader(pairs, batch_size=4), "fit(): train_data")
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([(torch.zeros(2), 0)])
+
+    with pytest.raises(UsageError, match=r"^fit\(\): val_data is an IterableDataset: hvdtrain needs a map-style"):
+        check_pairs(Stream(), "fit(): val_data")
+
+
 def test_a_reference_must_name_a_function():
     with pytest.raises(UsageError, match=r"--loss my_loss.py:: expected FILE.py:FUNCTION or package.module:FUNCTION"):
         workload(model=f"{USER}:build_model", dataset=f"{USER}:datasets", loss="my_loss.py:")

@@ -46,6 +46,15 @@ class TorchWorkload:
 def check_pairs(dataset, what: str) -> str:
     """A map-style dataset with at least one sample, which is an (input, target) pair; what its
     rates count (hvdtrain.results.sample_unit of the input's shape)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if isinstance(dataset, DataLoader):  # model code's habit: the loader, where hvdtrain wants the dataset
+        raise UsageError(f"{what} is a DataLoader: give its dataset (loader.dataset) and batch_size="
+                         f"{dataset.batch_size} (per rank): hvdtrain makes each rank's loader, sampler and workers")
+    if isinstance(dataset, IterableDataset):
+        raise UsageError(f"{what} is an IterableDataset: hvdtrain needs a map-style Dataset (__len__ and "
+                         "__getitem__) to give each rank its own samples, exact validation and an exact resume; "
+                         "for files on a parallel file system, write them as shards (python -m hvdtrain.shards)")
     try:
         n = len(dataset)
         sample = dataset[0] if n else None
