@@ -92,7 +92,7 @@ class TFData:
         """The first of these samples (of "train" or "val") whose file cannot be read or decoded, as
         one line naming it; None when all decode (or the data are not files). tf.data's error names
         no file, only the op: the trainer looks here for the one it failed on, among the samples its
-        pipeline had read ahead (read_ahead_batches)."""
+        pipeline had read ahead (READ_AHEAD_BATCHES)."""
         if not self.files:
             return None
         for i in indices:
