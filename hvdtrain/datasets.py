@@ -87,6 +87,8 @@ def check_imagefolder(data_dir: str | None) -> list[str]:
         raise UsageError("--dataset imagefolder needs --data-dir DIR (with train/ and val/ class folders)")
     if not os.path.isdir(data_dir):
         raise UsageError(f"data dir '{data_dir}' does not exist")
+    if os.path.exists(os.path.join(data_dir, "manifest.json")):  # shards.MANIFEST (shards imports this module)
+        raise UsageError(f"data dir '{data_dir}' holds shards (manifest.json), not class folders: --dataset shards")
     classes = None
     for split in ("train", "val"):
         root = os.path.join(data_dir, split)

@@ -5,6 +5,7 @@ shard and the member; an unfinished conversion is refused. The distributed tier 
 import json
 import os
 import pickle
+import re
 import subprocess
 import tarfile
 
@@ -161,3 +162,13 @@ def test_the_tf_trainer_checks_the_shard_directory_before_importing_tensorflow(f
     assert run.stderr.strip().splitlines() == [
         f"hvdtrain.tf: error [rank 0/1]: '{folder}' holds no manifest.json: not a shard directory "
         "(python -m hvdtrain.shards write ... --out DIR)"], run.stderr
+
+
+def test_shards_given_as_an_image_folder_say_which_option_reads_them(folder, tmp_path):
+    from hvdtrain.datasets import check_imagefolder
+
+    written = str(tmp_path / "shards")
+    shards.write(written, *shards.imagefolder_sources(folder), progress=False)
+    with pytest.raises(UsageError, match=re.escape(f"data dir '{written}' holds shards (manifest.json), not class "
+                                                   "folders: --dataset shards")):
+        check_imagefolder(written)
