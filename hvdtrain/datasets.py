@@ -81,14 +81,26 @@ def synthetic_split(train_size: int, image_size: int, num_classes: int = 1000, s
     return ArraySplit(pool, y[:train_size], pool, y[train_size:], num_classes)
 
 
+SHARDS_MANIFEST = "manifest.json"  # what `python -m hvdtrain.shards` writes last (shards.MANIFEST)
+
+
+def read_image_file(path: str) -> bytes:
+    """An image file's bytes; one that cannot be read is one line naming it (both trainers)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise BadSample(f"cannot read image {path} ({err.strerror or err})") from None
+
+
 def check_imagefolder(data_dir: str | None) -> list[str]:
     """Validate an ImageNet-style tree (`train/<class>/*.jpg`, `val/<class>/*.jpg`); return classes."""
     if not data_dir:
         raise UsageError("--dataset imagefolder needs --data-dir DIR (with train/ and val/ class folders)")
     if not os.path.isdir(data_dir):
         raise UsageError(f"data dir '{data_dir}' does not exist")
-    if os.path.exists(os.path.join(data_dir, "manifest.json")):  # shards.MANIFEST (shards imports this module)
-        raise UsageError(f"data dir '{data_dir}' holds shards (manifest.json), not class folders: --dataset shards")
+    if os.path.exists(os.path.join(data_dir, SHARDS_MANIFEST)):
+        raise UsageError(f"data dir '{data_dir}' holds shards ({SHARDS_MANIFEST}), not class folders: --dataset shards")
     classes = None
     for split in ("train", "val"):
         root = os.path.join(data_dir, split)

@@ -50,7 +50,7 @@ from hvdtrain.errors import UsageError
 
 FORMAT = "hvdtrain-shards"
 VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = datasets.SHARDS_MANIFEST
 SPLITS = ("train", "val")
 WRITE_SEED = 0  # the order samples are written in: shuffled once, so shards mix classes
 

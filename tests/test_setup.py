@@ -202,8 +202,13 @@ def build_key() -> str:
     return digest.hexdigest()
 
 
+def _cache_paths(home: str, name: str) -> tuple[str, str]:
+    """A BuildCache's directory and the stamp of the inputs it was built from."""
+    return f"{home}/cache-{name}", f"{home}/cache-{name}.inputs"
+
+
 def _kept(home: str, name: str, key: str) -> bool:
-    path, stamp = f"{home}/cache-{name}", f"{home}/cache-{name}.inputs"
+    path, stamp = _cache_paths(home, name)
     return os.path.isdir(path) and os.path.exists(stamp) and open(stamp).read() == key
 
 
@@ -226,7 +231,7 @@ class BuildCache:
         assert name in CACHE_NAMES, name
         self.key = build_key()
         home = pwd.getpwnam(user).pw_dir
-        self.path, self.stamp = f"{home}/cache-{name}", f"{home}/cache-{name}.inputs"
+        self.path, self.stamp = _cache_paths(home, name)
         self.fresh = not _kept(home, name, self.key)
         if self.fresh:
             shutil.rmtree(self.path, ignore_errors=True)

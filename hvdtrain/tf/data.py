@@ -158,14 +158,6 @@ def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
     return paths, labels
 
 
-def _read_file(path: str) -> tuple[bytes, str]:
-    try:
-        with open(path, "rb") as f:
-            return f.read(), path
-    except OSError as err:
-        raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
-
-
 def _image_loader(read_bytes, labels, size: int, train: bool):
     """load(i[, sample_seed]) -> (normalised float image HWC, label) of sample i, whose file's
     bytes read_bytes(i) gives as a tf.string."""
@@ -194,7 +186,8 @@ def _imagefolder(cfg, threads: int) -> TFData:
     for split in ("train", "val"):
         paths, labels = _list_files(os.path.join(cfg.data_dir, split), classes)
         paths_t = tf.constant(paths)
-        files[split], sizes[split] = (lambda i, paths=paths: _read_file(paths[i])), len(paths)
+        files[split] = lambda i, paths=paths: (datasets.read_image_file(paths[i]), paths[i])
+        sizes[split] = len(paths)
         loads[split] = _image_loader(lambda i, paths_t=paths_t: tf.io.read_file(paths_t[i]), labels,
                                      cfg.image_size, split == "train")
     return TFData(sizes["train"], sizes["val"], 3, len(classes), cfg.image_size, loads["train"], loads["val"],

@@ -60,13 +60,7 @@ def decode(data: bytes, where: str) -> torch.Tensor:
         raise datasets.BadSample(f"cannot read image {where} ({reason})") from None
 
 
-def read_file(path: str) -> bytes:
-    """An image file's bytes; one that cannot be read is one line naming it."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:
-        raise datasets.BadSample(f"cannot read image {path} ({err.strerror or err})") from None
+read_file = datasets.read_image_file  # an image file's bytes, or one line naming it
 
 
 def load_file(path: str) -> torch.Tensor:
