@@ -101,13 +101,16 @@ def gpu_for_rank(local_rank: int, local_world_size: int, gpus: int, environ=None
     Each task sees the node's GPUs (no binding): the ranks of a node take GPUs 0..local size-1.
     The launcher bound each task its own GPU(s) (`bound_per_task`): every rank takes the first
     one it sees, index 0. Otherwise more ranks on the node than visible GPUs is refused: they
-    would share GPUs, which NCCL refuses ("Duplicate GPU") or which halves each rank's speed unseen.
+    would share GPUs, which NCCL refuses ("Duplicate GPU") or which halves each rank's speed unseen,
+    unless HVDTRAIN_SHARE_GPU=1 asks for it (a test mode: `shares_gpu`, below).
     """
     if gpus <= 0:
         return None
     e = os.environ if environ is None else environ
     if bound_per_task(gpus, local_world_size, e):
         return 0
+    if local_world_size > gpus and sharing_gpus(e):
+        return local_rank % gpus  # a test mode (SHARE_GPU_VARIABLE): ranks take turns on the GPUs
     if local_world_size > gpus:
         node = node_gpus(local_world_size, e)
         shared = (f" (Slurm bound each task to {gpus} of this node's {node} GPUs, shared with other tasks: "
@@ -117,6 +120,38 @@ def gpu_for_rank(local_rank: int, local_world_size: int, gpus: int, environ=None
                          f"per GPU; start {gpus} task(s) per node (srun --ntasks-per-node={gpus}, mpirun -npernode "
                          f"{gpus}) or make the node's other GPUs visible (CUDA_VISIBLE_DEVICES){shared}")
     return local_rank
+
+
+# A test mode, not a way to train: several local ranks on one GPU. On a real node that is a
+# misconfiguration (each rank at a fraction of the GPU's speed, unseen), refused above; on a
+# machine with one GPU it is the only way to run the multi-rank GPU paths (NCCL between ranks,
+# the broadcast from a GPU, a feeder per rank). NCCL >= 2.30 allows it when told so
+# (NCCL_MULTI_RANK_GPU_ENABLE=1); older ones refuse it ("Duplicate GPU detected").
+SHARE_GPU_VARIABLE = "HVDTRAIN_SHARE_GPU"
+NCCL_SHARED_GPU_MIN = (2, 30, 0)
+
+
+def sharing_gpus(environ=None) -> bool:
+    """Whether HVDTRAIN_SHARE_GPU=1 asks to let the local ranks share the visible GPUs."""
+    e = os.environ if environ is None else environ
+    return e.get(SHARE_GPU_VARIABLE, "").strip().lower() in ("1", "yes", "true", "on")
+
+
+def shares_gpu(local_world_size: int, gpus: int, environ=None) -> bool:
+    """Whether gpu_for_rank puts several local ranks on one GPU (asked for, and more ranks than GPUs)."""
+    return 0 < gpus < local_world_size and sharing_gpus(environ) and not bound_per_task(gpus, local_world_size,
+                                                                                         environ)
+
+
+def shared_gpu_nccl_problem(nccl_version: tuple | None) -> str | None:
+    """One line when ranks sharing a GPU would meet an NCCL that refuses them (older than 2.30)."""
+    if nccl_version is not None and tuple(nccl_version) >= NCCL_SHARED_GPU_MIN:
+        return None
+    have = ".".join(map(str, nccl_version)) if nccl_version else "none"
+    need = ".".join(map(str, NCCL_SHARED_GPU_MIN[:2]))
+    return (f"{SHARE_GPU_VARIABLE}=1 puts several ranks on one GPU, which needs NCCL >= {need} "
+            f"(NCCL_MULTI_RANK_GPU_ENABLE); this process loads NCCL {have}: load a newer libnccl.so.2 "
+            "(LD_PRELOAD), or reduce through host memory (Horovod built without GPU ops; DDP uses Gloo then)")
 
 
 def node_gpus(local_world_size: int, environ=None) -> int | None:

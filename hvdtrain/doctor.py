@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from hvdtrain.cluster import ClusterEnv, gpu_for_rank
+from hvdtrain.cluster import ClusterEnv, gpu_for_rank, shared_gpu_nccl_problem
 from hvdtrain.errors import UsageError
 from hvdtrain.horovod_ops import gpu_ops_problem
 from hvdtrain.runtime import threads_per_rank
@@ -582,6 +582,14 @@ def run(args) -> int:
             # handed to this Horovod would end the rank with a traceback).
             problems.append(gpu_problem)
             gpu = None
+        elif gpu is not None and hvd.nccl_built():
+            from hvdtrain.torch.devices import nccl_version, shared_gpu
+
+            # Ranks sharing a GPU (HVDTRAIN_SHARE_GPU=1, a test mode) as the trainer allows them.
+            shared_problem = shared_gpu(local_size) and shared_gpu_nccl_problem(nccl_version())
+            if shared_problem:
+                problems.append(shared_problem)
+                gpu = None
     backend = TorchOps(hvd, gpu) if fw == "torch" else TFOps(hvd, gpu)
     controller = "MPI" if hvd.mpi_enabled() else "Gloo" if hvd.gloo_enabled() else "?"
     built = {"MPI": hvd.mpi_built(), "Gloo": hvd.gloo_built(), "NCCL": hvd.nccl_built(),

@@ -4,6 +4,8 @@ environment Slurm (or a site) sets for one task and the GPU count the framework 
 
     python -m pytest -q tests/test_devices.py
 """
+import os
+
 import pytest
 
 from hvdtrain.cluster import bound_per_task, gpu_for_rank, node_gpus
@@ -143,3 +145,62 @@ def test_mwms_reduces_with_nccl_on_gpus():
     assert collective_implementation(on_gpu=False) == "AUTO"   # TF's ring on CPUs, as before
     names = tf.distribute.experimental.CommunicationImplementation
     assert getattr(names, collective_implementation(True)) is names.NCCL
+
+
+def test_ranks_share_a_gpu_only_when_asked_in_the_test_mode():
+    """HVDTRAIN_SHARE_GPU=1 (issue 47): on a machine with one GPU, several ranks take turns on it,
+    which is how the multi-rank GPU paths run at all there; without it, the refusal above."""
+    from hvdtrain.cluster import SHARE_GPU_VARIABLE, shares_gpu
+
+    one_gpu = {**SRUN_TASK, "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "1",
+               "CUDA_VISIBLE_DEVICES": "0"}
+    asked = {**one_gpu, SHARE_GPU_VARIABLE: "1"}
+    assert [gpu_for_rank(r, 2, 1, asked) for r in range(2)] == [0, 0]
+    assert [gpu_for_rank(r, 4, 2, {SHARE_GPU_VARIABLE: "1"}) for r in range(4)] == [0, 1, 0, 1]
+    assert shares_gpu(2, 1, asked) and shares_gpu(4, 2, {SHARE_GPU_VARIABLE: "yes"})
+    # Not asked, asked with 0, or nothing to share (as many GPUs as ranks, bound per task, the CPU):
+    for environ in (one_gpu, {**one_gpu, SHARE_GPU_VARIABLE: "0"}, {**one_gpu, SHARE_GPU_VARIABLE: ""}):
+        assert not shares_gpu(2, 1, environ)
+        with pytest.raises(UsageError, match="^2 ranks on this node but 1 visible GPU"):
+            gpu_for_rank(1, 2, 1, environ)
+    assert not shares_gpu(2, 2, {SHARE_GPU_VARIABLE: "1"})
+    assert gpu_for_rank(1, 2, 2, {SHARE_GPU_VARIABLE: "1"}) == 1
+    bound = {**BINDINGS["gpus-per-task=1"][0], SHARE_GPU_VARIABLE: "1"}
+    assert not shares_gpu(4, 1, bound) and gpu_for_rank(2, 4, 1, bound) == 0
+    assert not shares_gpu(2, 0, {SHARE_GPU_VARIABLE: "1"}) and gpu_for_rank(1, 2, 0, {SHARE_GPU_VARIABLE: "1"}) is None
+
+
+def test_shared_gpu_needs_nccl_2_30_and_ddp_falls_back_to_gloo_below():
+    from hvdtrain.cluster import shared_gpu_nccl_problem
+    from hvdtrain.torch.torch_distributed import process_group_backend
+
+    assert shared_gpu_nccl_problem((2, 30, 7)) is None and shared_gpu_nccl_problem((2, 31, 0)) is None
+    old = shared_gpu_nccl_problem((2, 28, 9))
+    assert old.startswith("HVDTRAIN_SHARE_GPU=1 puts several ranks on one GPU, which needs NCCL >= 2.30")
+    assert "loads NCCL 2.28.9" in old and "\n" not in old
+    assert "loads NCCL none" in shared_gpu_nccl_problem(None)
+    assert process_group_backend(False, False, None) == "gloo"
+    assert process_group_backend(True, False, (2, 28, 9)) == "cpu:gloo,cuda:nccl"   # one GPU per rank
+    assert process_group_backend(True, True, (2, 30, 7)) == "cpu:gloo,cuda:nccl"    # shared, NCCL allows it
+    assert process_group_backend(True, True, (2, 28, 9)) == "gloo"                  # shared, through host memory
+
+
+def test_shared_gpu_tells_nccl_before_any_communicator(monkeypatch):
+    """The torch side of the decision: NCCL_MULTI_RANK_GPU_ENABLE=1 is exported where ranks share
+    a GPU (a user's own setting wins), and nowhere else. The GPU count is the only stand-in."""
+    from hvdtrain.torch import devices
+
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    monkeypatch.setenv("HVDTRAIN_SHARE_GPU", "1")
+    monkeypatch.setattr(devices, "visible_gpus", lambda: 1)
+    assert not devices.shared_gpu(1) and "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ
+    assert devices.shared_gpu(2) and os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] == "1"
+    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "0")
+    assert devices.shared_gpu(2) and os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] == "0"
+    monkeypatch.delenv("HVDTRAIN_SHARE_GPU")
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE")
+    with pytest.raises(UsageError):
+        devices.rank_device(1, 2)
+    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ
+    version = devices.nccl_version()   # torch's NCCL on this CUDA build (none on a CPU-only build)
+    assert version is None or (len(version) == 3 and version >= (2, 0, 0))

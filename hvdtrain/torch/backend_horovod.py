@@ -11,9 +11,11 @@ import contextlib
 import numpy as np
 import torch
 
+from hvdtrain.cluster import shared_gpu_nccl_problem
 from hvdtrain.errors import UsageError
 from hvdtrain.horovod_ops import gpu_ops_problem, import_horovod, start_horovod
 from hvdtrain.torch.backend import TorchBackend
+from hvdtrain.torch.devices import nccl_version, shared_gpu
 from hvdtrain.torch.horovod_layout import ContiguousCompression, broadcast_tensors, contiguous_optimizer_state
 
 
@@ -29,6 +31,13 @@ class HorovodBackend(TorchBackend):
         self.tuning = start_horovod(hvd, cfg, not torch.cuda.is_available(), cores_per_rank)
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
+        # Ranks sharing a GPU (HVDTRAIN_SHARE_GPU=1, a test mode): Horovod's NCCL ops need an NCCL
+        # that allows it. Horovod links the libnccl.so.2 torch loads (set-up builds it so), so
+        # torch's version is Horovod's; refused here in one line, not by NCCL at the first step.
+        if hvd.nccl_built() and shared_gpu(self.local_world_size):
+            problem = shared_gpu_nccl_problem(nccl_version())
+            if problem:
+                raise UsageError(problem)
         # Adasum's optimizer combines the ranks' updates inside step() and cannot skip that sync.
         self.adasum = cfg.use_adasum
 

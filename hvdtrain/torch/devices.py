@@ -5,9 +5,11 @@ imports no torch and is unit-tested on the CPU) given the GPUs torch sees.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
-from hvdtrain.cluster import gpu_for_rank
+from hvdtrain.cluster import gpu_for_rank, shares_gpu
 
 
 def visible_gpus() -> int:
@@ -15,9 +17,31 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def nccl_version() -> tuple[int, int, int] | None:
+    """The NCCL this process loads (torch's, or one put first with LD_PRELOAD), or None."""
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # a build without NCCL (CPU, ROCm without RCCL)
+        return None
+    if isinstance(version, int):  # torch < 1.13: 2.30.7 as 23007
+        return version // 10000, version // 100 % 100, version % 100
+    return tuple(version[:3])
+
+
+def shared_gpu(local_world_size: int) -> bool:
+    """Whether the local ranks share GPUs (HVDTRAIN_SHARE_GPU=1, a test mode: hvdtrain/cluster.py);
+    if so, NCCL is told to allow it (NCCL >= 2.30), before any communicator exists."""
+    if not shares_gpu(local_world_size, visible_gpus()):
+        return False
+    os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    return True
+
+
 def rank_device(local_rank: int, local_world_size: int) -> torch.device:
-    """cuda:N for this rank (N from gpu_for_rank), else the CPU; refuses ranks sharing a GPU."""
+    """cuda:N for this rank (N from gpu_for_rank), else the CPU; refuses ranks sharing a GPU
+    unless HVDTRAIN_SHARE_GPU=1 asks for it."""
     gpu = gpu_for_rank(local_rank, local_world_size, visible_gpus())
+    shared_gpu(local_world_size)
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
 

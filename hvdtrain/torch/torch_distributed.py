@@ -10,11 +10,12 @@ import socket
 import numpy as np
 import torch
 
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster import ClusterEnv, shared_gpu_nccl_problem
 from hvdtrain.errors import UsageError
 from hvdtrain.horovod_ops import check_launcher_agrees
 from hvdtrain.netsockets import single_host
 from hvdtrain.torch.backend import TorchBackend
+from hvdtrain.torch.devices import nccl_version, shared_gpu
 
 
 def _store_for(env: ClusterEnv):
@@ -54,6 +55,17 @@ def _store_for(env: ClusterEnv):
     return store
 
 
+def process_group_backend(cuda: bool, shared_gpu: bool, nccl: tuple | None) -> str:
+    """torch.distributed's backends: NCCL for GPU tensors, Gloo for the CPU's. Ranks sharing a
+    GPU (HVDTRAIN_SHARE_GPU=1, a test mode) with an NCCL that refuses that (older than 2.30)
+    reduce GPU tensors with Gloo, through host memory: every path but NCCL itself still runs."""
+    if not cuda:
+        return "gloo"
+    if shared_gpu and shared_gpu_nccl_problem(nccl):
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
+
+
 def start_process_group() -> ClusterEnv:
     """torch.distributed's default group over whichever launcher started this rank, with the
     env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) exported for libraries
@@ -66,7 +78,8 @@ def start_process_group() -> ClusterEnv:
         os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                           LOCAL_WORLD_SIZE=str(env.local_world_size))
     store = _store_for(env)
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    cuda = torch.cuda.is_available()
+    backend = process_group_backend(cuda, cuda and shared_gpu(env.local_world_size), nccl_version() if cuda else None)
     if store is None:
         torch.distributed.init_process_group(backend, init_method="env://")
     else:
