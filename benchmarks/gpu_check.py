@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py hvdtrain SETTINGS.json -- ARGS...   # python -m hvdtrain.torch ARGS,
                                                                      # its settings written at its end
+    python benchmarks/gpu_check.py compare-weights OUT.json REF=DIR NAME=DIR...  # newest checkpoints' distance
     python benchmarks/gpu_check.py report WORK OUT                     # WORK's figures -> OUT's report
 
 A ratio hvdtrain / plain loop measures hvdtrain alone only if both ran with the same settings:
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import warnings
 
 GOAL = 0.97  # hvdtrain / plain loop, one GPU, AMP on
 JPEG_GOAL = 0.95  # hvdtrain on JPEG shards / the same run on synthetic images in memory
+CKPT_GOAL = 0.02  # --checkpoint-every 50: at most this share of the run's speed
 
 
 # ---------------------------------------------------------------- settings in force (in a training process)
@@ -109,6 +112,104 @@ def run_hvdtrain(settings_path: str, argv: list[str]) -> None:
     train.main(argv)
 
 
+# ---------------------------------------------------------------- ranks sharing the GPU: their weights
+# Two ranks against one rank of the same global batch and LR cannot end with equal weights where
+# the model normalises over the batch: each rank's BatchNorm sees its half, one rank's micro-batches
+# other halves (DistributedSampler gives rank r every 2nd sample; ResNet-18 at 32 px on a CPU,
+# 3 steps: 1.3 x the distance the run moved; a BatchNorm-free model with dropout differs too, by
+# its masks). What must agree is the reduction: Horovod and DDP reduce the same per-rank batches,
+# so their weights differ only by the order of sums and AMP's rounding (exactly equal on a CPU).
+# The one-rank distances are reported beside a control, one rank with the whole batch at once:
+# BatchNorm over other groups of the same samples.
+SHARED_TOLERANCE = 0.05  # |w(Horovod) - w(DDP)| / |w(one rank) - w(start)|, parameters only
+
+
+def compare_weights(out_path: str, reference: str, others: list[str]) -> dict:
+    """The distance between the newest checkpoints of runs (NAME=DIR) and the reference run's,
+    relative to how far the reference moved from the start: |w - w_ref| / |w_ref - w_0| over the
+    parameters (BatchNorm's running statistics left out: they are per rank, averaged only at
+    checkpoints). w_0 is the model as the trainer built it (its seed, before any step)."""
+    import torch
+
+    from hvdtrain.checkpoint import latest_checkpoint
+    from hvdtrain.torch import models
+
+    def load(item):
+        name, directory = item.split("=", 1)
+        path = latest_checkpoint(directory)
+        if path is None:
+            raise SystemExit(f"compare-weights: no checkpoint in {directory} ({name})")
+        return name, path, torch.load(path, map_location="cpu", weights_only=True)
+
+    ref_name, ref_path, ref = load(reference)
+    cfg = ref["config"]
+    torch.manual_seed(cfg["seed"])
+    start = models.build_model(cfg["model"], 3, cfg["num_classes"], cfg["image_size"])
+    names = sorted(n for n, _ in start.named_parameters())
+
+    def flat(state):  # flatten() reads logical order, whatever the memory format (channels-last)
+        return torch.cat([state[n].detach().double().flatten() for n in names])
+
+    w0, wref = flat(start.state_dict()), flat(ref["model"])
+    moved = float((wref - w0).norm())
+    result = {"reference": ref_name, "reference_checkpoint": os.path.basename(ref_path),
+              "reference_global_step": ref["global_step"], "reference_moved": moved,
+              "tolerance": SHARED_TOLERANCE, "runs": {}}
+    flats = {}
+    for item in others:
+        name, path, state = load(item)
+        flats[name] = w = flat(state["model"])
+        result["runs"][name] = {"checkpoint": os.path.basename(path), "global_step": state["global_step"],
+                                "relative_distance": float((w - wref).norm()) / moved if moved else None}
+    pairs = list(flats)
+    if len(pairs) >= 2:  # the runs' distance to each other: the noise of a reduction's order and AMP
+        a, b = pairs[:2]
+        result["between"] = {"runs": [a, b], "relative_distance": float((flats[a] - flats[b]).norm()) / moved
+                             if moved else None}
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+    return result
+
+
+# ---------------------------------------------------------------- where a rank's host time goes
+def profile_summary(path: str, within: str = "_train_epoch", top: int = 10) -> dict | None:
+    """py-spy's raw profile (`record --threads --idle --native --format raw`: one line a stack,
+    root first, then its sample count) of the main thread while it trains (stacks through
+    `within`): the share of samples of each innermost Python function (where the thread is,
+    waiting included) and of each Python function on the stack (what it is doing that for)."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    innermost, inclusive, total, threads = {}, {}, 0, {}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread (") else "?"
+        threads[thread] = threads.get(thread, 0) + int(count)
+        if thread != "MainThread" or not any(fr.startswith(within + " (") for fr in frames):
+            continue
+        total += int(count)
+
+        def name(frame):  # "f (file.py:12)" -> "f (file.py)": a function, not a line
+            head, _, where = frame.partition(" (")
+            return f"{head} ({where.rsplit(':', 1)[0].rstrip(')')})" if where else head
+        python = [fr for fr in frames if ".py:" in fr]  # a native leaf (libc, CUDA) says less than
+        leaf = name(python[-1] if python else frames[-1])  # the Python line that called into it
+        innermost[leaf] = innermost.get(leaf, 0) + int(count)
+        for fn in {name(fr) for fr in frames[1:] if ".py:" in fr}:
+            inclusive[fn] = inclusive.get(fn, 0) + int(count)
+
+    def ranked(counts):
+        return [[k, round(v / total, 4)] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]] if total else []
+    return {"samples_training": total, "samples_by_thread": threads, "innermost": ranked(innermost),
+            "inclusive": ranked({k: v for k, v in inclusive.items() if v < total})}
+
+
 # ---------------------------------------------------------------- the report
 def _load(path: str):
     try:
@@ -154,14 +255,20 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     plain_runs = [r for r in (_load(os.path.join(logs, f"{n}.json")) for n in ("plain", "plain-2")) if r]
     plain_rates = [r["images_per_sec"] for r in plain_runs if r.get("images_per_sec")]
     plain = sum(plain_rates) / len(plain_rates) if plain_rates else None
-    runs = {n: _load(os.path.join(logs, f"{n}.json")) for n in ("horovod", "ddp", "resume", "feeder-off", "jpeg")}
-    rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n]) for n in ("horovod", "ddp", "feeder-off", "jpeg")}}
+    runs = {n: _load(os.path.join(logs, f"{n}.json"))
+            for n in ("horovod", "ddp", "resume", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}
+    rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n])
+                                for n in ("horovod", "ddp", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}}
     ratios = {n: (rates[n] / plain if rates[n] and plain else None) for n in ("horovod", "ddp")}
     # Real JPEGs (shards, decoded by workers) against the same run on synthetic images in memory;
     # the feeder's effect: the Horovod run with it against without it.
     jpeg_ratio = rates["jpeg"] / rates["horovod"] if rates["jpeg"] and rates["horovod"] else None
     data_ms = {n: ((runs[n] or {}).get("ranks") or [{}])[0].get("phases_ms", {}) or {}
-               for n in ("horovod", "feeder-off", "jpeg")}
+               for n in ("horovod", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}
+    # Interval checkpoints' cost: the Horovod run with --checkpoint-every against without.
+    ckpt_cost = 1 - rates["ckpt-every"] / rates["horovod"] if rates["ckpt-every"] and rates["horovod"] else None
+    shared = shared_summary(logs)
+    profiles = {n: profile_summary(os.path.join(logs, f"profile-{n}.txt")) for n in ("horovod", "ddp")}
 
     # Resume: the resumed run started where the Horovod run ended and ran one more epoch.
     h, r = runs["horovod"], runs["resume"]
@@ -191,6 +298,8 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
                "jpeg_over_synthetic": jpeg_ratio, "jpeg_goal": None if cpu else JPEG_GOAL, "phases_ms": data_ms,
                "goal": None if cpu else GOAL,
                "goal_met": None if cpu or None in ratios.values() else all(v >= GOAL for v in ratios.values()),
+               "checkpoint_every_cost": ckpt_cost, "checkpoint_every_goal": CKPT_GOAL, "shared_gpu": shared,
+               "host_profiles": profiles,
                "resume": resume, "settings": settings, "settings_differ": differ, "stages": stages,
                "failed_stages": failed}
 
@@ -210,7 +319,9 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
         lines += [f"**Failed: {', '.join(failed)}** (the stage table below; their logs are in the archive).", ""]
     if cpu:
         lines += ["CPU mode (`--cpu`): a check of the script itself at tiny sizes; these ratios are not the goal's.", ""]
-    lines += [f"| run | img/s | / plain loop (goal >= {GOAL}) |", "|---|---|---|",
+    lines += shared_lines(shared, num)
+    lines += ["## One rank", "",
+              f"| run | img/s | / plain loop (goal >= {GOAL}) |", "|---|---|---|",
               f"| plain torch loop | {num(plain)} | 1.000 |" if plain else "| plain torch loop | FAILED | - |"]
     for name, label in (("horovod", "hvdtrain, Horovod"), ("ddp", "hvdtrain, DDP")):
         lines.append(f"| {label} | {num(rates[name]) if rates[name] else 'FAILED'} | {num(ratios[name], '{:.3f}')} |")
@@ -225,7 +336,17 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
               f"{step('feeder-off')} (feeder on: {step('horovod')}) |",
               f"| Horovod, JPEG shards ({meta.get('jpegs')} JPEGs, {meta.get('jpeg_workers')} decode workers) | "
               f"{num(rates['jpeg'])} | / synthetic {num(jpeg_ratio, '{:.3f}')} (goal >= {JPEG_GOAL}); {step('jpeg')} |",
+              f"| Horovod, JPEG shards, `--feeder off` | {num(rates['jpeg-feeder-off'])} | {step('jpeg-feeder-off')} |",
+              f"| Horovod, `--checkpoint-every {meta.get('checkpoint_every')}` | {num(rates['ckpt-every'])} | cost "
+              f"{num(None if ckpt_cost is None else 100 * ckpt_cost, '{:.1f}')} % of the run without (goal <= "
+              f"{100 * CKPT_GOAL:.0f} %); {step('ckpt-every')} |",
               ""]
+    for name, prof in profiles.items():
+        if prof and prof["samples_training"]:
+            lines += [f"Host time of the {name} run's main thread while training (py-spy, "
+                      f"{prof['samples_training']} samples, waits included): innermost frames "
+                      + ", ".join(f"{k} {100 * v:.0f} %" for k, v in prof["innermost"][:6])
+                      + "; inside " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in prof["inclusive"][:8]) + ".", ""]
     if len(plain_rates) > 1:
         lines += [f"The plain loop ran before and after the hvdtrain runs: {', '.join(f'{v:.1f}' for v in plain_rates)}"
                   " img/s; the table has their mean.", ""]
@@ -253,6 +374,78 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", figures
 
 
+def shared_summary(logs: str) -> dict:
+    """Two ranks sharing the GPU: each run's img/s and ranks' checksums, the resume, the weights."""
+    runs = {n: _load(os.path.join(logs, f"{n}.json"))
+            for n in ("shared-ref", "shared-ref-big", "shared-hvd", "shared-ddp", "shared-resume")}
+    summary = {"runs": {}}
+    for name, r in runs.items():
+        if not r:
+            summary["runs"][name] = None
+            continue
+        checksums = [rank.get("param_checksum") for rank in r.get("ranks") or []]
+        summary["runs"][name] = {"world_size": r.get("world_size"), "global_step": r.get("global_step"),
+                                 "epoch": r.get("epoch"), "images_per_sec": _hvdtrain_rate(r),
+                                 "device": (r.get("ranks") or [{}])[0].get("device"),
+                                 "ranks_equal": len(checksums) == r.get("world_size") and len(set(checksums)) == 1}
+    try:
+        with open(os.path.join(logs, "shared-resume.log"), errors="replace") as f:
+            summary["resumed_line"] = next((line[line.index("resumed from"):].strip() for line in f
+                                            if "resumed from" in line), None)
+    except OSError:
+        summary["resumed_line"] = None
+    hvd, res = summary["runs"]["shared-hvd"], summary["runs"]["shared-resume"]
+    summary["resume_ran"] = bool(summary["resumed_line"] and hvd and res and res["global_step"] > hvd["global_step"])
+    summary["weights"] = weights = _load(os.path.join(logs, "shared-weights.json"))
+    between = ((weights or {}).get("between") or {}).get("relative_distance")
+    summary["weights_within_tolerance"] = None if between is None else between <= SHARED_TOLERANCE
+    try:
+        with open(os.path.join(logs, "shared-doctor.log"), errors="replace") as f:
+            doctor = f.read()
+        summary["doctor_verdict"] = next((m[0].strip() for m in map(re.compile(r"(NOT )?READY\b.*").search,
+                                                                    doctor.splitlines()) if m), None)
+    except OSError:
+        summary["doctor_verdict"] = None
+    try:
+        with open(os.path.join(logs, "shared-nccl.log"), errors="replace") as f:
+            summary["nccl"] = [line.strip() for line in f if line.strip()]
+    except OSError:
+        summary["nccl"] = []
+    return summary
+
+
+def shared_lines(shared: dict, num) -> list[str]:
+    lines = ["## Two ranks sharing the GPU (`HVDTRAIN_SHARE_GPU=1`)", ""]
+    if shared["nccl"]:
+        lines += ["NCCL: " + "; ".join(shared["nccl"]), ""]
+    lines += ["| run | ranks | steps | img/s (all ranks) | device | ranks' weights equal |", "|---|---|---|---|---|---|"]
+    labels = {"shared-ref": "one rank, same global batch (2 batches per allreduce)",
+              "shared-ref-big": "one rank, same global batch at once (control)", "shared-hvd": "Horovod",
+              "shared-ddp": "DDP", "shared-resume": "Horovod, resumed one more epoch"}
+    for name, label in labels.items():
+        r = shared["runs"].get(name)
+        lines.append(f"| {label} | FAILED | | | | |" if not r else
+                     f"| {label} | {r['world_size']} | {r['global_step']} | {num(r['images_per_sec'])} | {r['device']} | "
+                     f"{'yes' if r['ranks_equal'] else 'NO'} |")
+    w = shared["weights"]
+    lines.append("")
+    if w:
+        d = {n: v.get("relative_distance") for n, v in w["runs"].items()}
+        lines += [f"Weights after {w['reference_global_step']} steps, as distances relative to how far the one-rank run "
+                  f"(2 batches per allreduce) moved from the start: **Horovod to DDP "
+                  f"{num((w.get('between') or {}).get('relative_distance'), '{:.4f}')}** (the same per-rank batches: "
+                  f"the order of sums and AMP's rounding; tolerance {w['tolerance']}: "
+                  + ("within" if shared["weights_within_tolerance"] else "NOT within") + "); to the one-rank run: "
+                  f"Horovod {num(d.get('shared-hvd'), '{:.4f}')}, DDP {num(d.get('shared-ddp'), '{:.4f}')}, and the "
+                  f"control (one rank, the batch at once: BatchNorm over other groups) "
+                  f"{num(d.get('shared-ref-big'), '{:.4f}')}.", ""]
+    else:
+        lines += ["Weights: not compared (a run or its checkpoint is missing).", ""]
+    lines += [("Resume: ran (" + shared["resumed_line"] + ")." if shared["resume_ran"] else "Resume: FAILED."),
+              f"Doctor on 2 ranks: {shared['doctor_verdict'] or 'no verdict'}.", ""]
+    return lines
+
+
 def write_report(work: str, out: str) -> None:
     text, figures = build_report(work, out)
     with open(os.path.join(out, "gpu-check.json"), "w") as f:
@@ -267,6 +460,8 @@ def main(argv=None) -> None:
     if len(argv) >= 2 and argv[0] == "hvdtrain":
         rest = argv[2:]
         run_hvdtrain(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
+    elif len(argv) >= 4 and argv[0] == "compare-weights":
+        compare_weights(argv[1], argv[2], argv[3:])
     elif len(argv) == 3 and argv[0] == "report":
         write_report(argv[1], argv[2])
     else:

@@ -24,7 +24,19 @@
 #             step, as before the device feeder): the feeder's effect;
 #   jpeg-data ImageNet-sized JPEGs (500x375) written on the work dir's disk, then as tar shards
 #             (python -m hvdtrain.shards); jpeg: the Horovod run on them, decoded by
-#             GPU_CHECK_JPEG_WORKERS workers (the cores less one): JPEG shards against synthetic.
+#             GPU_CHECK_JPEG_WORKERS workers (the cores less one): JPEG shards against synthetic;
+#             jpeg-feeder-off: the same with --feeder off;
+#   shared-*  first after the build: TWO RANKS SHARING THE GPU (HVDTRAIN_SHARE_GPU=1, a test mode):
+#             shared-ref (one rank, the same global batch and LR: a rank's batch, two batches per
+#             allreduce), shared-ref-big (one rank, the global batch in one: BatchNorm over other
+#             groups of samples, the control), shared-hvd and shared-ddp (2 ranks, checkpoints),
+#             shared-weights (the checkpoints' distances to shared-ref's and between Horovod's and
+#             DDP's), shared-resume (one more epoch from shared-hvd's checkpoint), shared-doctor
+#             (the doctor on 2 ranks: its GPU allreduce). NCCL refuses
+#             ranks sharing a GPU before 2.30: where torch's is older, FILES/libnccl.so.2[.xz] (a
+#             newer one, docs/gpu.md) is put first with LD_PRELOAD for these stages;
+#   ckpt-every the Horovod run with --checkpoint-every GPU_CHECK_CKPT_EVERY steps (50): its cost;
+#   profile-horovod, profile-ddp: the runs again under py-spy (FILES' wheel), where the host's time goes.
 # OUT then holds three files, well within what the GPU machine's runner hands back (8 files of 16 MiB):
 #   gpu-check.md (img/s of each run, ratios to the plain loop, settings, stages), gpu-check.json
 #   (the same figures) and gpu-check-logs.tar.gz (every log). Checkpoints, the venv and the
@@ -51,7 +63,7 @@ if [ "$DEVICE" = cpu ]; then
     # fp16 autocast is slow on CPUs (resnet18, 32x32, batch 8: 5.4 s a step here, bf16 0.9, fp32 0.4)
     d_model=resnet18 d_size=32 d_batch=4 d_steps=3 d_warmup=2 d_amp=bf16 d_budget=300
 else
-    d_model=resnet50 d_size=224 d_batch=128 d_steps=60 d_warmup=10 d_amp=fp16 d_budget=560
+    d_model=resnet50 d_size=224 d_batch=128 d_steps=60 d_warmup=10 d_amp=fp16 d_budget=570
 fi
 MODEL=${GPU_CHECK_MODEL:-$d_model}
 SIZE=${GPU_CHECK_IMAGE_SIZE:-$d_size}
@@ -72,6 +84,11 @@ BUILD_LIMIT=${GPU_CHECK_BUILD_LIMIT:-330}
 GPU_OPS=${GPU_CHECK_GPU_OPS:-$([ "$DEVICE" = cuda ] && echo nccl || echo cpu)}
 CUDA_ARCHS=${GPU_CHECK_CUDA_ARCHS:-}
 WORK=${GPU_CHECK_WORK:-/tmp/hvdtrain-gpu-check}
+SHARED_STEPS=${GPU_CHECK_SHARED_STEPS:-$([ "$DEVICE" = cuda ] && echo 30 || echo 3)}
+# A rank's batch in the shared runs: half the one-rank batch on a GPU; 8 on a CPU, where BatchNorm
+# over 2 samples (half of 4) would blow the weights up and leave nothing to compare.
+SHARED_BATCH=${GPU_CHECK_SHARED_BATCH:-$([ "$DEVICE" = cuda ] && echo $((BATCH / 2)) || echo 8)}
+CKPT_EVERY=${GPU_CHECK_CKPT_EVERY:-$([ "$DEVICE" = cuda ] && echo 50 || echo 2)}
 # An absolute path, looked up now: PATH later starts with the check's own venv, whose python3
 # would otherwise stand in for the machine's (and its .pth file would then add itself forever).
 PYTHON=$(command -v "${PYTHON:-python3}") || { echo "gpu-check: no ${PYTHON:-python3} on PATH" >&2; exit 2; }
@@ -111,11 +128,37 @@ stage() {
         *) status="failed (exit $rc)";;
     esac
     printf '%s\t%s\t%s\t%s\t\n' "$name" "$status" "$((SECONDS - start))" "$limit" >>"$WORK/stages.tsv"
+    write_out quiet
     if [ $rc = 0 ]; then say "$name: ok ($((SECONDS - start)) s)"; return 0; fi
     say "$name: $status after $((SECONDS - start)) s (limit $limit s); its last lines:"
     tail -n 15 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$LOGS/gpu-check.log"
     failed=1
     return 1
+}
+
+# ---------------------------------------------------------------- what comes back (write_out)
+# Written after every stage, not only at the end: a window cut off (the runner's limit, a lost
+# machine) still returns what the stages before measured.
+write_out() {  # [quiet]
+    "$PYTHON" - "$LOGS/check.json" <<EOF
+import json, sys
+json.dump({"device": "$DEVICE", "model": "$MODEL", "image_size": $SIZE, "batch_size": $BATCH, "amp": "$AMP",
+           "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
+           "num_workers": $WORKERS, "jpegs": $JPEGS, "jpeg_workers": $JPEG_WORKERS, "shared_steps": $SHARED_STEPS,
+           "shared_batch": $SHARED_BATCH, "checkpoint_every": $CKPT_EVERY, "budget_s": $BUDGET, "elapsed_s": $SECONDS,
+           "work": "$WORK", "archive": "gpu-check-logs.tar.gz"}, open(sys.argv[1], "w"), indent=1)
+EOF
+    # Every log into one archive, each cut to its last 4 MiB (a verbose build log can be large).
+    local f
+    for f in "$LOGS"/*; do
+        [ "$(stat -c %s "$f")" -le 4194304 ] || { tail -c 4194304 "$f" >"$f.tail" && mv "$f.tail" "$f"; }
+    done
+    tar czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs stages.tsv 2>/dev/null || tar czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs
+    if [ "${1:-}" = quiet ]; then
+        "$PYTHON" "$REPO/benchmarks/gpu_check.py" report "$WORK" "$OUT" >/dev/null 2>&1
+    else
+        "$PYTHON" "$REPO/benchmarks/gpu_check.py" report "$WORK" "$OUT" || { say "report FAILED"; failed=1; }
+    fi
 }
 
 # ---------------------------------------------------------------- env
@@ -163,6 +206,7 @@ EOF
 }
 export PATH=$VENV/bin:$(dirname "$(command -v "$PYTHON")"):$PATH
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[ "$(id -u)" != 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # the GPU machine runs as root
 [ "$DEVICE" = cuda ] || export CUDA_VISIBLE_DEVICES=
 
 # ---------------------------------------------------------------- build
@@ -247,15 +291,86 @@ shards.write(f"{root}/shards", *shards.imagefolder_sources(f"{root}/folder"), pr
 print(f"{count} JPEGs, {kb:.0f} KB on average, and their shards in {time.perf_counter() - start:.0f} s")
 PYEOF
 }
-jpeg_run() {  # the Horovod run's settings and steps on the JPEG shards (epochs of JPEGS images)
-    local per_epoch=$(( JPEGS / BATCH ))
-    hvdtrain_run jpeg --epochs $(( (EPOCHS * STEPS + per_epoch - 1) / per_epoch )) --steps $(( EPOCHS * STEPS )) \
+jpeg_run() {  # [NAME ARGS...]: the Horovod run's settings and steps on the JPEG shards (epochs of JPEGS images)
+    local per_epoch=$(( JPEGS / BATCH )) name=${1:-jpeg}
+    shift || true
+    hvdtrain_run "$name" "$@" --epochs $(( (EPOCHS * STEPS + per_epoch - 1) / per_epoch )) --steps $(( EPOCHS * STEPS )) \
         --dataset shards --data-dir "$WORK/jpeg/shards" --num-workers "$JPEG_WORKERS" --validation off
 }
 
+# ---------------------------------------------------------------- two ranks sharing the GPU
+# NCCL refuses two ranks on one GPU before 2.30 ("Duplicate GPU detected"); 2.30 allows it with
+# NCCL_MULTI_RANK_GPU_ENABLE=1, which hvdtrain exports under HVDTRAIN_SHARE_GPU=1. Where torch's
+# NCCL is older, a newer libnccl.so.2 brought in FILES (plain or .xz) goes first (LD_PRELOAD):
+# torch and Horovod (linked to libnccl.so.2 by its soname) then both use it.
+shared_nccl() {
+    local have carried
+    # The launcher: mpirun (the MPI brought in FILES), or, where it cannot start two ranks here,
+    # horovodrun's Gloo launcher (no MPI at all); GPU_CHECK_LAUNCHER=horovodrun forces that.
+    if [ "${GPU_CHECK_LAUNCHER:-mpirun}" = mpirun ] && timeout 60 mpirun -np 2 --bind-to none --oversubscribe \
+            "$PY" -c "import os; assert os.environ.get('OMPI_COMM_WORLD_SIZE') == '2'"; then
+        echo mpirun >"$WORK/shared-launcher"
+    else
+        echo "two ranks are started with horovodrun --gloo"
+        echo horovodrun >"$WORK/shared-launcher"
+    fi
+    have=$("$PY" -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version()[:3])))' 2>/dev/null) || have=none
+    echo "torch's NCCL: $have"
+    if [ "$DEVICE" != cuda ] || "$PY" -c "import sys; sys.exit(tuple(map(int, '$have'.split('.'))) < (2, 30))" 2>/dev/null; then
+        return 0
+    fi
+    if [ -f "$FILES/libnccl.so.2" ]; then carried=$FILES/libnccl.so.2
+    elif [ -f "$FILES/libnccl.so.2.xz" ]; then
+        mkdir -p "$WORK/nccl-carried" && xz -dc "$FILES/libnccl.so.2.xz" >"$WORK/nccl-carried/libnccl.so.2" \
+            && carried=$WORK/nccl-carried/libnccl.so.2
+    fi
+    if [ -n "${carried:-}" ] && LD_PRELOAD=$carried "$PY" -c 'import torch; v = torch.cuda.nccl.version(); print("with LD_PRELOAD:", v); assert v >= (2, 30)'; then
+        echo "$carried" >"$WORK/shared-preload"
+    else
+        echo "no newer libnccl.so.2 in FILES: DDP reduces through Gloo, Horovod's NCCL ops refuse in one line"
+    fi
+}
+launch2() {  # COMMAND...: two ranks on this machine, sharing its GPU
+    local preload=
+    [ -s "$WORK/shared-preload" ] && preload=$(cat "$WORK/shared-preload")
+    # MASTER_ADDR/PORT: DDP meets through torch's own store, not over mpi4py, whose binding to
+    # the MPI brought in FILES is not what is checked here. Horovod ignores them.
+    local launcher=(mpirun -np 2 --tag-output --bind-to none --oversubscribe)
+    [ "$(cat "$WORK/shared-launcher" 2>/dev/null)" != horovodrun ] || launcher=(horovodrun -np 2 -H localhost:2 --gloo)
+    "${launcher[@]}" env HVDTRAIN_SHARE_GPU=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$("$PY" -c 'from hvdtrain.cluster import free_port; print(free_port())')" \
+        ${preload:+LD_PRELOAD=$preload} "$@"
+}
+shared_common() {  # the shared runs' options: SHARED_BATCH a rank, SHARED_STEPS steps an epoch
+    echo --model "$MODEL" --dataset synthetic --image-size "$SIZE" --batch-size "$SHARED_BATCH" --amp "$AMP" \
+        --channels-last "$CHANNELS_LAST" --synthetic-size $((2 * SHARED_BATCH * SHARED_STEPS)) --warmup-steps 2 \
+        --num-workers "$WORKERS" --log-interval 10 --base-lr 0.0125
+}
+shared_run() {  # NAME ARGS...: 2 ranks, or 1 for the references (the same global batch and LR)
+    local name=$1; shift
+    if [ "$name" = shared-ref ] || [ "$name" = shared-ref-big ]; then
+        "$PY" -m hvdtrain.torch $(shared_common) --result-json "$LOGS/$name.json" "$@"
+    else
+        launch2 "$PY" -m hvdtrain.torch $(shared_common) --result-json "$LOGS/$name.json" "$@"
+    fi
+}
+profile_run() {  # NAME ARGS...: the run under py-spy (sampling the main process: where its host time goes)
+    local name=$1; shift
+    command -v py-spy >/dev/null || { echo "no py-spy in the venv (FILES holds its wheel on a GPU machine)"; return 3; }
+    py-spy record --threads --idle --native --rate 200 --format raw --output "$LOGS/profile-$name.txt" -- \
+        "$PY" "$REPO/benchmarks/gpu_check.py" hvdtrain "$LOGS/profile-$name-settings.json" -- "${common[@]}" \
+        --log-interval 50 --result-json "$LOGS/profile-$name.json" "$@"
+}
+shared_weights() {
+    "$PY" "$REPO/benchmarks/gpu_check.py" compare-weights "$LOGS/shared-weights.json" "shared-ref=$WORK/shared-ref" \
+        "shared-hvd=$WORK/shared-hvd" "shared-ddp=$WORK/shared-ddp" "shared-ref-big=$WORK/shared-ref-big"
+}
+
 # ---------------------------------------------------------------- the stages
-STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run jpeg_data jpeg_run"
-STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS STEPS BATCH JPEGS JPEG_WORKERS common"
+STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run jpeg_data jpeg_run shared_nccl launch2
+                 shared_common shared_run shared_weights profile_run"
+STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS STEPS BATCH JPEGS JPEG_WORKERS common
+                 MODEL SIZE AMP CHANNELS_LAST WORKERS SHARED_STEPS SHARED_BATCH"
+rm -rf "$WORK"/shared-* "$WORK/ckpt-every" "$WORK/nccl-carried"
 stage env 90 make_env || true
 if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && ! horovod_ready; }; then
     stage build "$BUILD_LIMIT" build_horovod || true
@@ -263,30 +378,35 @@ else
     say "build: skipped, the venv imports a Horovod$([ "$GPU_OPS" = nccl ] && echo ' with NCCL ops')"
 fi
 stage check 60 check_build || true
-stage horovod 150 hvdtrain_run horovod --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
+# In the order of what has never run on a GPU: two ranks exchanging gradients on it first.
+stage shared-nccl 30 shared_nccl || true
+stage shared-ref 75 shared_run shared-ref --batches-per-allreduce 2 --epochs 1 --checkpoint-dir "$WORK/shared-ref" || true
+stage shared-ref-big 75 shared_run shared-ref-big --batch-size $((2 * SHARED_BATCH)) --base-lr 0.025 --epochs 1 \
+    --checkpoint-dir "$WORK/shared-ref-big" || true
+stage shared-hvd 90 shared_run shared-hvd --epochs 1 --checkpoint-dir "$WORK/shared-hvd" || true
+stage shared-ddp 90 shared_run shared-ddp --epochs 1 --backend ddp --checkpoint-dir "$WORK/shared-ddp" || true
+stage shared-weights 30 shared_weights || true
+stage shared-resume 75 shared_run shared-resume --epochs 2 --checkpoint-dir "$WORK/shared-hvd" || true
+stage shared-doctor 45 launch2 "$PY" -m hvdtrain.doctor --framework torch || true
+stage horovod 120 hvdtrain_run horovod --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
 stage plain 90 plain_loop plain || true
-stage ddp 120 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true
-stage feeder-off 120 hvdtrain_run feeder-off --epochs "$EPOCHS" --feeder off || true
+stage ddp 90 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true
+stage feeder-off 90 hvdtrain_run feeder-off --epochs "$EPOCHS" --feeder off || true
 stage jpeg-data 90 jpeg_data || true
-stage jpeg 150 jpeg_run || true
-stage resume 90 hvdtrain_run resume --epochs $((EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
+stage jpeg 120 jpeg_run || true
+stage ckpt-every 90 hvdtrain_run ckpt-every --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt-every" \
+    --checkpoint-every "$CKPT_EVERY" || true
+if command -v py-spy >/dev/null || [ "$DEVICE" = cuda ]; then
+    stage profile-horovod 90 profile_run horovod --epochs "$EPOCHS" || true
+    stage profile-ddp 90 profile_run ddp --epochs "$EPOCHS" --backend ddp || true
+fi
+stage jpeg-feeder-off 120 jpeg_run jpeg-feeder-off --feeder off || true
+stage resume 60 hvdtrain_run resume --epochs $((EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
 grep -q "resumed from" "$LOGS/resume.log" 2>/dev/null || { say "resume: no 'resumed from' line in its log"; failed=1; }
-stage plain-2 90 plain_loop plain-2 || true
-stage doctor 60 "$PY" -m hvdtrain.doctor --framework torch || true
+stage plain-2 60 plain_loop plain-2 || true
+stage doctor 45 "$PY" -m hvdtrain.doctor --framework torch || true
 
 # ---------------------------------------------------------------- what comes back
-"$PYTHON" - "$LOGS/check.json" <<EOF
-import json, sys
-json.dump({"device": "$DEVICE", "model": "$MODEL", "image_size": $SIZE, "batch_size": $BATCH, "amp": "$AMP",
-           "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
-           "num_workers": $WORKERS, "jpegs": $JPEGS, "jpeg_workers": $JPEG_WORKERS, "budget_s": $BUDGET, "elapsed_s": $SECONDS, "work": "$WORK",
-           "archive": "gpu-check-logs.tar.gz"}, open(sys.argv[1], "w"), indent=1)
-EOF
-# Every log into one archive, each cut to its last 4 MiB (a verbose build log can be large).
-for f in "$LOGS"/*; do
-    [ "$(stat -c %s "$f")" -le 4194304 ] || { tail -c 4194304 "$f" >"$f.tail" && mv "$f.tail" "$f"; }
-done
-tar czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs stages.tsv 2>/dev/null || tar czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs
-"$PYTHON" "$REPO/benchmarks/gpu_check.py" report "$WORK" "$OUT" || { say "report FAILED"; failed=1; }
+write_out
 say "OUT: $(ls "$OUT" | wc -l) files, the largest $(du -b "$OUT"/* | sort -n | tail -n 1 | cut -f 1) bytes (limit: 8 files of 16 MiB)"
 exit "$failed"

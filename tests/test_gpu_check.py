@@ -18,6 +18,11 @@ from conftest import PYTHON, REPO, base_env
 pytestmark = pytest.mark.slow  # real training runs (Horovod, DDP): the distributed tier
 
 MiB = 1024 * 1024
+# In their order: what has never run on a GPU first (two ranks sharing it), then one rank's figures.
+# profile-horovod and profile-ddp come after ckpt-every where py-spy is installed.
+STAGES = ["env", "check", "shared-nccl", "shared-ref", "shared-ref-big", "shared-hvd", "shared-ddp", "shared-weights", "shared-resume",
+          "shared-doctor", "horovod", "plain", "ddp", "feeder-off", "jpeg-data", "jpeg", "ckpt-every",
+          "jpeg-feeder-off", "resume", "plain-2", "doctor"]
 
 
 def tiny_wheel(folder) -> str:
@@ -55,7 +60,7 @@ def test_gpu_check_cpu_mode(tmp_path):
     assert list((work / "ckpt").glob("*.pt")), "the checkpoints belong in the work dir"
     with tarfile.open(out / "gpu-check-logs.tar.gz") as tar:
         archived = tar.getnames()
-    for log in ("env", "check", "horovod", "plain", "ddp", "feeder-off", "jpeg-data", "jpeg", "resume", "plain-2", "doctor"):
+    for log in STAGES:
         assert f"logs/{log}.log" in archived, archived
     assert not [n for n in archived if n.endswith(".pt")], archived
 
@@ -69,9 +74,7 @@ def test_gpu_check_cpu_mode(tmp_path):
     assert check.returncode == 0, check.stderr
 
     # Every stage ran and passed; the runs had the same settings; the resume went on.
-    assert [s["stage"] for s in figures["stages"]] == \
-        ["env", "check", "horovod", "plain", "ddp", "feeder-off", "jpeg-data", "jpeg", "resume", "plain-2", "doctor"], \
-        figures["stages"]
+    assert [s["stage"] for s in figures["stages"] if not s["stage"].startswith("profile-")] == STAGES, figures["stages"]
     assert figures["failed_stages"] == [], figures["stages"]
     assert figures["settings_differ"] == [], figures["settings"]
     resume = figures["resume"]
@@ -95,3 +98,28 @@ def test_gpu_check_cpu_mode(tmp_path):
     jpeg = json.loads(tarfile.open(out / "gpu-check-logs.tar.gz").extractfile("logs/jpeg.json").read())
     assert jpeg["config"]["dataset"] == "shards" and jpeg["config"]["num_workers"] >= 1, jpeg["config"]
     assert re.search(r"JPEG shards \(24 JPEGs, \d+ decode workers\) \| [0-9.]+ \| / synthetic [0-9.]+", report), report
+
+    # Two ranks (on the CPU here; sharing the GPU there): equal weights on both ranks under Horovod
+    # and DDP, near the one-rank run of the same global batch, a resume that went on, the doctor.
+    shared = figures["shared_gpu"]
+    runs = shared["runs"]
+    assert runs["shared-ref"]["world_size"] == 1 and runs["shared-ref"]["global_step"] == 3, runs
+    for name in ("shared-hvd", "shared-ddp", "shared-resume"):
+        assert runs[name]["world_size"] == 2 and runs[name]["ranks_equal"], runs
+    assert runs["shared-hvd"]["global_step"] == runs["shared-ddp"]["global_step"] == 3, runs
+    assert shared["resume_ran"] and runs["shared-resume"]["global_step"] == 6, shared
+    weights = shared["weights"]
+    assert weights["reference_moved"] > 0, weights
+    assert set(weights["runs"]) == {"shared-hvd", "shared-ddp", "shared-ref-big"}, weights
+    assert all(r["relative_distance"] > 0 for r in weights["runs"].values()), weights   # BatchNorm's groups
+    # Horovod and DDP reduce the same per-rank batches: on a CPU, the same weights.
+    assert weights["between"]["runs"] == ["shared-hvd", "shared-ddp"], weights
+    assert weights["between"]["relative_distance"] < 1e-3, weights
+    assert shared["weights_within_tolerance"] is True and shared["doctor_verdict"].startswith("READY"), shared
+    assert "## Two ranks sharing the GPU" in report, report
+    assert re.search(r"\*\*Horovod to DDP 0\.0000\*\* \(.*tolerance 0\.05: within\)", report), report
+    # Interval checkpoints: written in the middle of epochs (3 steps an epoch, one every 2 steps).
+    assert figures["images_per_sec"]["ckpt-every"] > 0 and figures["checkpoint_every_cost"] is not None, figures
+    steps = sorted(int(re.search(r"-s(\d+)", p.name)[1]) for p in (work / "ckpt-every").glob("*.pt"))
+    assert any(step % 3 for step in steps), steps
+    assert figures["images_per_sec"]["jpeg-feeder-off"] > 0, figures
