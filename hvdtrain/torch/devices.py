@@ -5,6 +5,7 @@ imports no torch and is unit-tested on the CPU) given the GPUs torch sees.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -18,7 +19,17 @@ def visible_gpus() -> int:
 
 
 def nccl_version() -> tuple[int, int, int] | None:
-    """The NCCL this process loads (torch's, or one put first with LD_PRELOAD), or None."""
+    """The NCCL this process runs with: the libnccl.so.2 loaded (torch's, or a newer one put
+    first with LD_PRELOAD), asked at run time. torch.cuda.nccl.version() is the version torch
+    was compiled against, which a preloaded library does not change (the first GPU run of the
+    shared mode read 2.28.9 from it with 2.30.7 loaded)."""
+    try:
+        lib = ctypes.CDLL("libnccl.so.2")  # the one already loaded by torch, found by its soname
+        code = ctypes.c_int()
+        if lib.ncclGetVersion(ctypes.byref(code)) == 0:
+            return code.value // 10000, code.value // 100 % 100, code.value % 100
+    except (OSError, AttributeError):
+        pass
     try:
         version = torch.cuda.nccl.version()
     except Exception:  # a build without NCCL (CPU, ROCm without RCCL)
