@@ -174,7 +174,7 @@ def compare_weights(out_path: str, reference: str, others: list[str]) -> dict:
 
 # ---------------------------------------------------------------- where a rank's host time goes
 def profile_summary(path: str, within: str = "_train_epoch", top: int = 10) -> dict | None:
-    """py-spy's raw profile (`record --threads --idle --native --format raw`: one line a stack,
+    """py-spy's raw profile (`record --threads --idle --format raw`: one line a stack,
     root first, then its sample count) of the main thread while it trains (stacks through
     `within`): the share of samples of each innermost Python function (where the thread is,
     waiting included) and of each Python function on the stack (what it is doing that for)."""

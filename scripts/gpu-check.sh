@@ -363,7 +363,9 @@ shared_run() {  # NAME ARGS...: 2 ranks, or 1 for the references (the same globa
 profile_run() {  # NAME ARGS...: the run under py-spy (sampling the main process: where its host time goes)
     local name=$1; shift
     command -v py-spy >/dev/null || { echo "no py-spy in the venv (FILES holds its wheel on a GPU machine)"; return 3; }
-    py-spy record --threads --idle --native --rate 200 --format raw --output "$LOGS/profile-$name.txt" -- \
+    # 50 samples a second, without native frames and without pausing the process: at 200 a second
+    # with --native, py-spy fell 20 s behind a ResNet-50 run on an H100 and the stage ran out of time.
+    py-spy record --threads --idle --nonblocking --rate 50 --format raw --output "$LOGS/profile-$name.txt" -- \
         "$PY" "$REPO/benchmarks/gpu_check.py" hvdtrain "$LOGS/profile-$name-settings.json" -- "${common[@]}" \
         --log-interval 50 --result-json "$LOGS/profile-$name.json" "$@"
 }

@@ -204,3 +204,27 @@ def test_shared_gpu_tells_nccl_before_any_communicator(monkeypatch):
     assert "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ
     version = devices.nccl_version()   # torch's NCCL on this CUDA build (none on a CPU-only build)
     assert version is None or (len(version) == 3 and version >= (2, 0, 0))
+
+
+def test_nccl_version_is_the_loaded_librarys_not_torchs_build(monkeypatch):
+    """torch.cuda.nccl.version() is the NCCL torch was compiled against: with a newer libnccl.so.2
+    put first (LD_PRELOAD), it still said 2.28.9 on the GPU machine and the shared mode was
+    refused. The version comes from the loaded library's ncclGetVersion; torch's only without one."""
+    import ctypes
+
+    from hvdtrain.torch import devices
+
+    class Loaded:  # the libnccl.so.2 a process has loaded: ncclGetVersion(int *) -> ncclSuccess
+        def ncclGetVersion(self, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_int)).contents.value = 23007
+            return 0
+
+    opened = []
+    monkeypatch.setattr(devices.ctypes, "CDLL", lambda name: opened.append(name) or Loaded())
+    monkeypatch.setattr(devices.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    assert devices.nccl_version() == (2, 30, 7) and opened == ["libnccl.so.2"]
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setattr(devices.ctypes, "CDLL", missing)
+    assert devices.nccl_version() == (2, 28, 9)
