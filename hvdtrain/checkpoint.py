@@ -24,7 +24,11 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, in_one_line
 
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.(pt|npz)$")
+# ckpt-e<epochs completed>-s<global step>[-n<samples seen in the epoch under way>].<ext>. The n
+# field (since 2026-11-27) orders checkpoints across a resize: another global batch recomputes the
+# global step from the samples seen, so the steps of a run moved to more ranks are smaller than
+# the steps of the checkpoints before the move (issue 46).
+_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)(?:-n(\d+))?\.(pt|npz)$")
 TMP_PREFIX = ".tmp-hvdtrain-"  # atomic_write's temporary files: + host-pid-random
 _TMP_NAME = re.compile(r"^\.tmp-hvdtrain-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 STALE_AFTER_SECONDS = 24 * 3600  # a temporary of another host: its save ended long ago
@@ -258,19 +262,35 @@ def check_writable(checkpoint_dir: str | None, log_dir: str | None, result_json:
     return None
 
 
-def checkpoint_name(global_step: int, epoch: int, ext: str) -> str:
-    return f"ckpt-e{epoch:04d}-s{global_step:08d}.{ext}"
+def checkpoint_name(global_step: int, epoch: int, ext: str, samples_in_epoch: int | None = None) -> str:
+    """The name of a checkpoint at `epoch` epochs completed and `global_step`; with the samples seen
+    of the epoch under way (step in epoch x global batch), which orders it after a resize."""
+    seen = f"-n{samples_in_epoch:012d}" if samples_in_epoch else ""  # at an epoch's end: none, 0
+    return f"ckpt-e{epoch:04d}-s{global_step:08d}{seen}.{ext}"
+
+
+def order_key(name: str) -> tuple | None:
+    """How checkpoint names sort, oldest first; None for a name that is not a checkpoint's. By
+    epochs completed, which a resize keeps, then by the samples seen of the epoch under way, which
+    it keeps too (the global step it recomputes: smaller after a move to more ranks), then by the
+    global step. A name without samples is an epoch's end (0 seen of the next), or was written
+    before samples were named: then it is older than every name with them in its epoch, and
+    among its kind the global step orders it, as it did."""
+    m = _NAME.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(3) or 0), int(m.group(2))
 
 
 def list_checkpoints(directory: str) -> list[str]:
-    """Checkpoints in `directory`, oldest first (ordered by global step)."""
+    """Checkpoints in `directory`, oldest first (order_key)."""
     if not directory or not os.path.isdir(directory):
         return []
     found = []
     for path in glob.glob(os.path.join(directory, "ckpt-*")):
-        m = _NAME.match(os.path.basename(path))
-        if m:
-            found.append((int(m.group(2)), path))
+        key = order_key(os.path.basename(path))
+        if key is not None:
+            found.append((key, path))
     return [p for _, p in sorted(found)]
 
 

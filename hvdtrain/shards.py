@@ -18,7 +18,8 @@ Layout of OUT:
     val/...
 
 Samples are written in an order shuffled once (seed 0), so each shard mixes classes. Training
-reads a sample by its offset (`os.pread`, one open file per shard and process): the order is
+reads a sample by its offset (`os.pread`; per process, each shard opened once where the open-file
+limit holds them all, else the most recently read kept open: hvdtrain/open_files.py): the order is
 hvdtrain's usual function of (seed, epoch), each rank its own samples, validation exact, a resume
 continues at the same sample. Each read is checked against the sample's CRC-32, so a damaged
 member is named (shard and member), never decoded into garbage or skipped.
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvdtrain import datasets
+from hvdtrain import datasets, open_files
 from hvdtrain.errors import UsageError
 
 FORMAT = "hvdtrain-shards"
@@ -257,7 +258,7 @@ def read_manifest(root: str | None) -> dict:
 
 class ShardReader:
     """A split's samples by index: (image bytes, label). Open files are kept per process (each
-    DataLoader worker opens its own)."""
+    DataLoader worker opens its own), as many as its open-file limit allows."""
 
     def __init__(self, root: str, split: str):
         manifest = read_manifest(root)
@@ -282,8 +283,10 @@ class ShardReader:
             raise UsageError(f"{os.path.join(root, meta['index'])} holds {len(self.index['label'])} samples, "
                              f"{MANIFEST} {meta['samples']}")
         self.labels = self.index["label"]
-        self._files: dict[int, int] = {}
-        self._pid = None
+        # Descriptors bounded by the open-file limit (raised to the hard one), per process: a
+        # worker of each rank reads samples of every shard (hvdtrain/open_files.py).
+        open_files.check_limit(f"{len(self.shards)} shards in {root}", *open_files.raise_soft_limit())
+        self.files = open_files.OpenFiles(self.shards)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -296,26 +299,11 @@ class ShardReader:
 
     def read(self, i: int) -> tuple[bytes, int]:
         shard, offset, size = int(self.index["shard"][i]), int(self.index["offset"][i]), int(self.index["size"][i])
-        data = os.pread(self._fd(shard), size, offset)
+        data = self.files.pread(shard, size, offset)
         if len(data) != size or zlib.crc32(data) != int(self.index["crc32"][i]):
             raise datasets.BadSample(f"{self.where(i)} is damaged ({'truncated' if len(data) != size else 'checksum'}"
                                      f" differs from {MANIFEST}; python -m hvdtrain.shards verify {self.root})")
         return data, int(self.labels[i])
-
-    def _fd(self, shard: int) -> int:
-        if self._pid != os.getpid():  # a forked worker: its own descriptors
-            self._files, self._pid = {}, os.getpid()
-        fd = self._files.get(shard)
-        if fd is None:  # (tf.data's threads read in parallel: the first descriptor kept is everyone's)
-            fd = os.open(self.shards[shard], os.O_RDONLY)
-            kept = self._files.setdefault(shard, fd)
-            if kept != fd:
-                os.close(fd)
-                fd = kept
-        return fd
-
-    def __getstate__(self):  # sent to DataLoader workers: no descriptors
-        return {**self.__dict__, "_files": {}, "_pid": None}
 
 
 def verify(root: str, progress: bool = True) -> list[str]:

@@ -195,8 +195,8 @@ def newest_weights(ckpt_dir) -> dict:
 
 
 def step_of(path: str) -> int:
-    """The global step in a checkpoint's name (ckpt-eEEEE-sSSSSSSSS.pt or .npz)."""
-    return int(re.search(r"-s(\d+)\.(?:pt|npz)$", str(path)).group(1))
+    """The global step in a checkpoint's name (ckpt-eEEEE-sSSSSSSSS[-nNNNNNNNNNNNN].pt or .npz)."""
+    return int(re.search(r"-s(\d+)(?:-n\d+)?\.(?:pt|npz)$", str(path)).group(1))
 
 
 def checksums(output: str) -> dict:

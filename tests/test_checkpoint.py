@@ -96,3 +96,26 @@ def test_the_per_rank_checksum_covers_batchnorm_statistics():
     two.running_mean += 1.0  # same weights, other statistics
     checksums = [checksum_arrays(Trainer._state_arrays(SimpleNamespace(raw_model=m))) for m in (one, two)]
     assert checksums[0] != checksums[1]
+
+
+def test_a_resized_run_keeps_its_own_checkpoints_newest(tmp_path):
+    """Issue 46: one rank, 43 steps an epoch, checkpoints at the ends of epochs 1-3 (written before
+    the samples field existed: no -n), then --allow-resize to 2 ranks (21 steps an epoch): its
+    global steps are smaller (84, 105, 126 < 129), and retention deleted them first, so that
+    the next start resumed from epoch 3 again. Epochs first, then samples, then steps."""
+    old = ["ckpt-e0001-s00000043.pt", "ckpt-e0002-s00000086.pt", "ckpt-e0003-s00000129.pt"]
+    # Before the resize, one rank was 30 steps into epoch 4 (an older name, without samples); the
+    # resized run resumed from it (960 samples: step 15 of 21) and wrote at 17 and 20 steps of
+    # 2 x 32 samples, then at the ends of epochs 4 and 5.
+    new = [ckpt.checkpoint_name(80, 3, "pt", samples_in_epoch=17 * 64), ckpt.checkpoint_name(84, 4, "pt"),
+           ckpt.checkpoint_name(105, 5, "pt", samples_in_epoch=0)]
+    assert new == ["ckpt-e0003-s00000080-n000000001088.pt", "ckpt-e0004-s00000084.pt", "ckpt-e0005-s00000105.pt"]
+    mid_old, mid_new = "ckpt-e0003-s00000159.pt", ckpt.checkpoint_name(83, 3, "pt", samples_in_epoch=20 * 64)
+    for name in old + new + [mid_old, mid_new]:
+        (tmp_path / name).write_bytes(b"x")
+    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == [
+        old[0], old[1], old[2], mid_old, new[0], mid_new, new[1], new[2]]
+    ckpt.prune(str(tmp_path), keep=3)
+    assert sorted(os.listdir(tmp_path)) == sorted([mid_new, new[1], new[2]])
+    assert ckpt.latest_checkpoint(str(tmp_path)).endswith(new[2])
+    assert ckpt.order_key("ckpt-e0003-s00000129.npz") == (3, 0, 129) and ckpt.order_key("ckpt-latest.pt") is None

@@ -95,3 +95,46 @@ def test_crop_windows_follow_random_resized_crop_and_the_sample():
     windows = {dali.crop_window(dali.sample_rng(42, epoch, 7), 375, 500) for epoch in range(5)}
     assert len(windows) == 5  # another epoch, another crop
     assert np.isclose(dali.crop_window(np.random.default_rng(0), 10, 1000)[2], 1.0)  # the centre-crop fallback
+
+
+CROP_CHECK = r"""
+import io, sys
+import numpy as np, torch
+from PIL import Image
+from hvdtrain.torch import dali
+
+# A 500x375 image (ImageNet's usual shape) whose red grows left to right and green top to bottom.
+h, w = 375, 500
+image = np.zeros((h, w, 3), np.uint8)
+image[..., 0] = np.linspace(0, 255, w)[None, :]
+image[..., 1] = np.linspace(0, 255, h)[:, None]
+buffer = io.BytesIO()
+Image.fromarray(image).save(buffer, format="JPEG", quality=95)
+pipe = dali._pipeline(True, 32, 1, 1, torch.device("cpu"))
+# (top, left, height, width): the right half of the columns, every row: a tall crop, 250 x 375.
+pipe.feed_input("files", [np.frombuffer(buffer.getvalue(), np.uint8)])
+pipe.feed_input("window", [np.array([0.0, 0.5, 1.0, 0.5], np.float32)])
+pipe.feed_input("mirror", [np.array(0, np.int32)])
+(out,) = pipe.run()
+x = np.array(out.as_tensor())[0]  # CHW, normalised: back to 0-255
+mean = np.array([255 * m for m in dali.datasets.IMAGENET_MEAN])[:, None, None]
+std = np.array([255 * s for s in dali.datasets.IMAGENET_STD])[:, None, None]
+x = x * std + mean
+print(f"red {x[0, :, 0].mean():.0f} {x[0, :, -1].mean():.0f} green {x[1, 0, :].mean():.0f} {x[1, -1, :].mean():.0f}")
+"""
+
+
+@pytest.mark.slow
+def test_dali_crops_the_window_torchvision_means(dali_path):
+    """The train pipeline's crop window is (top, left, height, width): the right half of a 500x375
+    image holds red from 128 to 255 across its width and green from 0 to 255 down its height.
+    Transposed (issue 46: image_slice read the window as x, y, width, height), red spanned 0-255
+    and green 128-255. Checked at the crop's left and right columns and top and bottom rows."""
+    env = base_env()
+    env["PYTHONPATH"] = dali_path + os.pathsep + env["PYTHONPATH"]
+    run = subprocess.run([PYTHON, "-c", CROP_CHECK], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    words = run.stdout.split()  # red LEFT RIGHT green TOP BOTTOM
+    red_left, red_right, green_top, green_bottom = (float(words[i]) for i in (1, 2, 4, 5))
+    assert 120 <= red_left <= 140 and red_right >= 245, run.stdout
+    assert green_top <= 10 and green_bottom >= 245, run.stdout

@@ -16,6 +16,7 @@ from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 pytestmark = pytest.mark.slow
 
 # Digits: 1400 samples, 2 ranks, batch 32: 21 steps an epoch, 42 in all.
+BATCH = 32
 ARGV = [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "2",
         "--threads-per-rank", "1", "--log-interval", "3", "--keep-checkpoints", "50"]
 
@@ -31,14 +32,17 @@ def test_rank0_killed_mid_epoch_while_writing_resumes_at_the_last_interval_with_
     env = {**base_env(), "HVDTRAIN_TEST_SLOW_RANK": "1:0.1", "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
     proc = start_launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5"], env=env)
     kill_rank0_while_writing(proc, part, lambda: any(step_of(p) >= 25 for p in list_checkpoints(str(part))), 120)
-    newest = step_of(latest_checkpoint(str(part)))
+    newest_path = latest_checkpoint(str(part))
+    newest = step_of(newest_path)
     assert 25 <= newest < 42 and newest % 5 == 0, newest  # not the epoch's start (step 21)
+    # Its name holds the samples seen of epoch 2 (2 ranks x batch: issue 46's order after a resize).
+    assert os.path.basename(newest_path) == f"ckpt-e0001-s{newest:08d}-n{(newest - 21) * 2 * BATCH:012d}.pt"
 
     result = tmp_path / "rest.json"
     rest = launch("mpirun", 2, ARGV + ["--checkpoint-dir", str(part), "--checkpoint-every", "5",
                                        "--result-json", str(result)], timeout=180)
     assert "left by an interrupted checkpoint write" in rest.output, rest.output[-3000:]  # the half-written one
-    assert f"resumed from {part}/ckpt-e0001-s{newest:08d}.pt" in rest.output, rest.output[-3000:]
+    assert f"resumed from {newest_path} " in rest.output, rest.output[-3000:]
     assert json.loads(result.read_text())["global_step"] == 42
     assert_weights_equal(whole, part)
 

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import (PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env, kill_rank0_while_writing,
                       launch, launch_each_rank_to_its_end, rank_pids, start_launch)
+from hvdtrain.checkpoint import checkpoint_name, latest_checkpoint
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 
@@ -117,8 +118,9 @@ def test_resume_after_interruption_continues_from_saved_epoch(tmp_path):
     # Ranks vote at each reduction: every 10 steps and at the end of an epoch (21 steps).
     assert 2 * 21 <= stop_step < 12 * 21 and (stop_step % 10 == 0 or stop_step % 21 == 0), stop_step
     assert f"stopped by SIGUSR1 at step {stop_step}" in first.output
-    saved = sorted(os.listdir(ckpt_dir))[-1]
-    assert saved == f"ckpt-e{stop_epoch:04d}-s{stop_step:08d}.npz", os.listdir(ckpt_dir)
+    saved = os.path.basename(latest_checkpoint(str(ckpt_dir)))
+    # The samples seen of the epoch under way name a stop in its middle (none at an epoch's end).
+    assert saved == checkpoint_name(stop_step, stop_epoch, "npz", (stop_step - 21 * stop_epoch) * 64), saved
 
     # 2. Restarted with --steps at the stop: nothing to train, so the final weights are the
     #    restored ones, on both ranks: rank 0 loaded them, rank 1 got them by broadcast.
@@ -340,17 +342,19 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
     every = ["--checkpoint-every", "3", "--keep-checkpoints", "9"]
     run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every], timeout=300)
     saved = sorted(os.listdir(tmp_path / "full"))
-    assert saved == ["ckpt-e0000-s00000003.npz", "ckpt-e0001-s00000005.npz", "ckpt-e0001-s00000006.npz",
-                     "ckpt-e0001-s00000009.npz", "ckpt-e0002-s00000010.npz"], saved  # every 3 steps, and epoch ends
+    assert saved == ["ckpt-e0000-s00000003-n000000000024.npz", "ckpt-e0001-s00000005.npz",  # every 3 steps (the
+                     "ckpt-e0001-s00000006-n000000000008.npz", "ckpt-e0001-s00000009-n000000000032.npz",  # samples of
+                     "ckpt-e0002-s00000010.npz"], saved  # the epoch under way: 2 x 4 a step), and epoch ends
     # The same run, each write slowed to 0.6 s (a slow parallel file system), rank 0 SIGKILLed (a
     # node crash: no signal) while it writes a checkpoint after step 6's: its temporary file is
     # there. The previous checkpoint, in the middle of epoch 2, is whole and the rerun starts there.
     split = tmp_path / "split"
     env = {**base_env(), "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
     proc = start_launch("mpirun", 2, TRAIN + common + ["--checkpoint-dir", str(split), *every], env=env)
-    kill_rank0_while_writing(proc, split, lambda: (split / "ckpt-e0001-s00000006.npz").exists(), 240)
-    newest = max(n for n in os.listdir(split) if n.endswith(".npz"))
-    assert newest in ("ckpt-e0001-s00000006.npz", "ckpt-e0001-s00000009.npz"), os.listdir(split)  # mid-epoch 2
+    kill_rank0_while_writing(proc, split, lambda: (split / "ckpt-e0001-s00000006-n000000000008.npz").exists(), 240)
+    newest = os.path.basename(latest_checkpoint(str(split)))
+    assert newest in ("ckpt-e0001-s00000006-n000000000008.npz", "ckpt-e0001-s00000009-n000000000032.npz"), \
+        os.listdir(split)  # mid-epoch 2
     second = run_tf(common + ["--checkpoint-dir", str(split)], timeout=300)
     assert "left by an interrupted checkpoint write" in second.output, second.output[-2000:]
     assert f"resumed from {split / newest}" in second.output, second.output[-2000:]
@@ -390,7 +394,7 @@ def test_a_checkpoint_file_system_gone_read_only_mid_run_ends_every_rank_at_the_
                                           timeout=180, env=env)
         watcher.join()
         [first] = sorted(os.listdir(ckpt_dir))
-        assert first == "ckpt-e0000-s00000002.npz"
+        assert first == "ckpt-e0000-s00000002-n000000000128.npz"  # 2 steps of 2 x 32 samples
         assert_each_rank_failed_with(run, "hvdtrain.tf", f"could not write a checkpoint in {ckpt_dir} "
                                                          "(Read-only file system", 2)
         assert f"the newest checkpoint is still {ckpt_dir / first}" in run.output, run.output[-3000:]

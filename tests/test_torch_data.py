@@ -64,3 +64,38 @@ def test_datasets_that_may_change_their_samples_are_read_a_sample_at_a_time():
     features.classes = ["a", "b"]
     loader = data.interleaved_train_loader(features, cfg, 1, 0, 0)
     assert len(list(loader)) == 3 and loader.dataset.classes == ["a", "b"]
+
+
+def test_normalisation_constants_are_made_once_per_device():
+    """Issue 46: to_model_input built mean and std at every batch, on a GPU each a blocking copy
+    from pageable memory (a host wait where it runs on the compute stream). Made once now; the
+    result is still (x / 255 - mean) / std and the uint8 batch is left as it was."""
+    from hvdtrain.torch import images
+
+    normalization = images.IMAGENET_NORMALIZATION
+    x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    before = x.clone()
+    first = images.to_model_input(x, normalization)
+    constants = images._normalization_constants(normalization, x.device)
+    assert images._normalization_constants(normalization, torch.device("cpu")) is constants
+    images.to_model_input(x, normalization)
+    assert images._normalization_constants(normalization, x.device) is constants
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in normalization)
+    assert torch.allclose(first, (x.float() / 255 - mean) / std, atol=1e-5) and torch.equal(x, before)
+    assert images.to_model_input(x.float(), normalization).dtype == torch.float32  # floats pass unchanged
+    assert torch.equal(images.to_model_input(x.float(), normalization), x.float())
+
+
+def test_tensors_already_on_a_device_are_not_pinned():
+    """Issue 46: a user's TensorDataset of GPU tensors met pin_memory=True ("cannot pin
+    'torch.cuda.FloatTensor'"). Tensors off the host (meta tensors stand in for the GPU's here)
+    get a loader that does not pin; host tensors keep the pinned gather."""
+    from torch.utils.data import Subset, TensorDataset
+
+    cfg = TrainConfig(batch_size=2, num_workers=0)
+    on_device = TensorDataset(torch.empty(4, 3, device="meta"), torch.empty(4, dtype=torch.int64, device="meta"))
+    assert data._device_columns(on_device) and data._device_columns(Subset(on_device, [0, 1]))
+    assert data._loader(on_device, cfg, batch_size=2, pin_memory=True).pin_memory is False
+    on_host = TensorDataset(torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64))
+    assert not data._device_columns(on_host)
+    assert data._loader(on_host, cfg, batch_size=2, pin_memory=True).pin_memory is True

@@ -30,7 +30,9 @@ def capture(directory: str, at: ckpt.Position, variables: dict, meta: dict) -> t
             **{f"num_{part}": len(values[part]) for part in PARTS}}
     arrays = {"meta": np.array(json.dumps(meta)),
               **{f"{part}/{i}": a for part in PARTS for i, a in enumerate(values[part])}}
-    path = os.path.join(directory, ckpt.checkpoint_name(at.global_step, at.epoch, "npz"))
+    batch = (meta.get("config") or {}).get("global_batch_size")  # the trainer's; Keras fit's callback has none
+    path = os.path.join(directory, ckpt.checkpoint_name(at.global_step, at.epoch, "npz",
+                                                        samples_in_epoch=at.step_in_epoch * batch if batch else None))
     return path, lambda f: np.savez(f, **arrays)
 
 

@@ -264,6 +264,8 @@ def _loader(dataset, cfg, loader_class=DataLoader, **kwargs) -> DataLoader:
         if gatherable:
             return DataLoader(_Gathered(dataset, gatherable, kwargs.get("pin_memory", False)), num_workers=0,
                               collate_fn=_collate_gathered, **kwargs)
+        if _device_columns(dataset):  # a user's tensors already on the GPU: nothing to pin or copy
+            kwargs["pin_memory"] = False  # ("cannot pin 'torch.cuda.FloatTensor'", issue 46)
         return DataLoader(dataset, num_workers=0, **kwargs)
     return loader_class(dataset, num_workers=num_workers, multiprocessing_context=workers.worker_context(),
                         worker_init_fn=workers.init_worker, **kwargs)
@@ -286,6 +288,15 @@ def _gatherable(dataset):
     if not columns or not all(isinstance(c, torch.Tensor) and c.device.type == "cpu" for c in columns):
         return None
     return columns, wrap, indices
+
+
+def _device_columns(dataset) -> bool:
+    """Whether an in-memory dataset (a TensorDataset or ArrayDataset, or a Subset of one) holds
+    tensors off the host: the user's own, put on the GPU before training."""
+    inner = dataset.dataset if type(dataset) is Subset else dataset
+    columns = inner.tensors if type(inner) is TensorDataset else \
+        (inner.x, inner.y) if type(inner) is ArrayDataset else ()
+    return any(isinstance(c, torch.Tensor) and c.device.type != "cpu" for c in columns)
 
 
 class _Gathered(Dataset):

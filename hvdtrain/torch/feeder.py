@@ -81,10 +81,25 @@ class DeviceFeeder:
                     t.record_stream(current)
         return x, y
 
+    def _made_on_side_stream(self, batches):
+        """The loader's batches, each made with the side stream current: a loader that puts its
+        batches on the GPU itself (DALI's copy out of its pipeline) queues that work there, where
+        the event after the batch covers it, not on the step's stream (issue 46)."""
+        if self.stream is None:
+            yield from batches
+            return
+        while True:
+            with torch.cuda.stream(self.stream):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+            yield batch
+
     def __iter__(self):
         # The loader's iterator is made here, on the caller's thread: making it draws the
         # workers' base seed from torch's global generator, in the same place as without a feeder.
-        batches = iter(self.loader)
+        batches = self._made_on_side_stream(iter(self.loader))
         if not self.threaded:
             for batch in batches:
                 yield self._ready(self._fed(batch))

@@ -80,14 +80,27 @@ def val_augment(size: int):
     return v2.Compose([v2.Resize(int(size * VAL_RESIZE), antialias=True), v2.CenterCrop(size)])
 
 
+_CONSTANTS: dict = {}  # (device, normalization) -> (mean x 255, 1 / (std x 255)), made once
+
+
+def _normalization_constants(normalization, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch normalisation's constants on `device`, made once: built at every batch, each was
+    a copy from pageable host memory, which makes the host wait for the GPU where it runs on the
+    compute stream (Lightning's transfer hook; issue 46)."""
+    key = (str(device), tuple(map(tuple, normalization)))
+    if key not in _CONSTANTS:
+        mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) * 255 for v in normalization)
+        _CONSTANTS[key] = mean.to(device), (1 / std).to(device)
+    return _CONSTANTS[key]
+
+
 def to_model_input(x: torch.Tensor, normalization, channels_last: bool = False) -> torch.Tensor:
     """A uint8 image batch as the model's float input: scaled to [0, 1], normalised with
     (mean, std), channels-last if asked. Other inputs (floats, a user's own) pass unchanged but
     for the memory format."""
     if normalization is not None and x.dtype == torch.uint8:
-        mean, std = (torch.tensor(v, dtype=torch.float32, device=x.device).view(1, -1, 1, 1) * 255
-                     for v in normalization)
-        x = (x.float() - mean) / std
+        mean, inverse_std = _normalization_constants(normalization, x.device)
+        x = x.float().sub_(mean).mul_(inverse_std)  # one new tensor, not three
     if channels_last and x.ndim == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     return x

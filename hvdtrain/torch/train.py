@@ -239,7 +239,11 @@ class Trainer(EpochTrainer):
                 b.backward(scaled)
                 meter.phase("sync")  # DDP: waiting for its last buckets' allreduce, inside backward()
                 correct = (out.argmax(1) == yc).sum().double() if self.reports_accuracy else stats.new_zeros(())
-                stats += torch.stack((loss.detach().double() * len(yc), correct, stats.new_tensor(len(yc))))
+                # In place, from Python numbers: new_tensor(len(yc)) was a blocking copy from host
+                # memory, a wait for the GPU at every micro-batch (issue 46).
+                stats[0] += loss.detach().double() * len(yc)
+                stats[1] += correct
+                stats[2] += len(yc)
             b.finish_gradients(self.optimizer)  # Horovod: wait for the allreduces backward started
             meter.phase("sync")
             b.step(self.optimizer, self.scaler)
@@ -311,7 +315,8 @@ class Trainer(EpochTrainer):
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
         })
         at = self.position
-        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
+        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(
+            at.global_step, at.epoch, "pt", samples_in_epoch=at.step_in_epoch * self.cfg.global_batch_size))
         return path, lambda f: torch.save(state, f), True
 
 

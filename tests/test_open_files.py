@@ -1,0 +1,97 @@
+"""hvdtrain/open_files.py (issue 46): a process reading samples of more shards than its open-file
+limit holds keeps at most that many open, closes the least recently read, never one a thread is
+reading, and reads the right bytes throughout; the soft limit is raised to the hard one. In a
+child process with its own, low limit (`ulimit -n` as a cluster's default), so that this one's is
+untouched."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, base_env
+
+from hvdtrain import open_files
+from hvdtrain.errors import UsageError
+
+CHILD = r"""
+import os, random, resource, sys, threading
+from hvdtrain import open_files
+
+folder, count = sys.argv[1], int(sys.argv[2])
+paths = [os.path.join(folder, f"shard-{i:03d}") for i in range(count)]
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+files = open_files.OpenFiles(paths)            # raises the soft limit, keeps what fits
+raised = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+rng = random.Random(0)
+most = 0
+for _ in range(3000):                          # every shard read, many times, in random order
+    i = rng.randrange(count)
+    offset = rng.randrange(0, 4000)
+    assert files.pread(i, 16, offset) == bytes((i + offset + k) % 251 for k in range(16)), i
+    most = max(most, len(os.listdir("/proc/self/fd")))
+errors = []
+def reader(seed):                              # threads, as tf.data's parallel reads
+    r = random.Random(seed)
+    try:
+        for _ in range(500):
+            i, offset = r.randrange(count), r.randrange(0, 4000)
+            assert files.pread(i, 16, offset) == bytes((i + offset + k) % 251 for k in range(16))
+    except BaseException as err:
+        errors.append(repr(err))
+threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(soft, hard, raised, files.keep, files.opened, most, len(errors), errors[:1])
+"""
+
+
+@pytest.fixture(scope="module")
+def shard_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("open-files")
+    for i in range(300):  # more files than the child's limit below holds at once
+        (folder / f"shard-{i:03d}").write_bytes(bytes((i + k) % 251 for k in range(4096)))
+    return str(folder)
+
+
+def run_child(folder, count, soft, hard):
+    # prlimit: the child starts with (soft, hard), like a job under a cluster's defaults.
+    cmd = ["prlimit", f"--nofile={soft}:{hard}", sys.executable, "-c", CHILD, folder, str(count)]
+    run = subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.split(maxsplit=7)
+
+
+def test_more_shards_than_the_limit_holds_are_read_within_it(shard_files):
+    soft, hard, raised, keep, opened, most, errors, first = run_child(shard_files, 300, 160, 200)
+    assert (int(soft), int(hard), int(raised)) == (160, 200, 200)   # the soft limit raised to the hard
+    assert int(keep) == 200 - open_files.RESERVE                    # what fits beside the reserve
+    assert int(most) <= 200 and int(errors) == 0, (most, errors, first)
+    assert int(opened) > 300                                         # files closed and opened again
+
+
+def test_shards_that_fit_are_each_opened_once(shard_files):
+    _, _, raised, keep, opened, most, errors, first = run_child(shard_files, 60, 256, 1024)
+    assert int(raised) == 1024 and int(keep) == 60 and int(opened) == 60 and int(errors) == 0, (opened, first)
+
+
+def test_a_limit_too_low_for_any_reading_is_one_line():
+    with pytest.raises(UsageError, match=r"^the open-file limit is 64 \(hard 100\): too low to read 9 shards in /d, "
+                                         r"which needs at least 136 \(raise it: ulimit -n"):
+        open_files.check_limit("9 shards in /d", 64, 100)
+    open_files.check_limit("9 shards in /d", 64, 1024)   # raised to 1024 at the reader's start: enough
+    assert open_files.files_to_keep(1100, 1024) == 1024 - open_files.RESERVE
+    assert open_files.files_to_keep(1100, 65536) == 1100 and open_files.files_to_keep(3, 1024) == 3
+
+
+def test_a_worker_gets_no_descriptor_of_its_parent(shard_files):
+    import pickle
+
+    files = open_files.OpenFiles([os.path.join(shard_files, "shard-000")], keep=4)
+    files.pread(0, 4, 0)
+    copy = pickle.loads(pickle.dumps(files))
+    assert copy.keep == 4 and copy.opened == 0 and not copy._open and files.opened == 1
+    assert copy.pread(0, 4, 1) == bytes([1, 2, 3, 4])
+    files.close()
+    copy.close()
