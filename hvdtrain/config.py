@@ -81,6 +81,10 @@ class TrainConfig:
     channels_last: str = opt("auto", help="channels-last memory format for the model and its inputs (auto: for "
                                           "ResNets on a CUDA GPU, where cuDNN is faster with it)", per_rank=False,
                              resume=FREE, frameworks=("torch",), choices=("auto", "on", "off"))
+    deterministic: bool = opt(False, help="deterministic kernels: cuDNN's autotuning off, torch.use_deterministic_"
+                                          "algorithms (a warning for an op without one); slower: for debugging and "
+                                          "parity checks between runs", per_rank=False, resume=FREE,
+                              frameworks=("torch",))
     seed: int = opt(42, help="seed of the weights, the data order and the random ops", per_rank=False, resume=FREE)
     num_workers: int | None = opt(None, help="DataLoader workers per rank, which decode image files (default: the "
                                              "rank's cores less one, --cpus-per-task under Slurm; in-memory data "
@@ -237,7 +241,7 @@ OPTION_GROUPS = {
     "model and data": ("model", "dataset", "loss", "data_dir", "image_size", "synthetic_size", "validation",
                        "num_workers"),
     "optimisation": ("epochs", "steps", "batch_size", "batches_per_allreduce", "base_lr", "warmup_epochs",
-                     "lr_schedule", "optimizer", "momentum", "weight_decay", "seed", "loop"),
+                     "lr_schedule", "optimizer", "momentum", "weight_decay", "seed", "deterministic", "loop"),
     "checkpoints and resume": ("checkpoint_dir", "checkpoint_every", "checkpoint_write", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
     "reliability": ("watchdog_seconds", "divergence_factor"),
     "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),

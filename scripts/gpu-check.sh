@@ -27,8 +27,10 @@
 #             GPU_CHECK_JPEG_WORKERS workers (the cores less one): JPEG shards against synthetic;
 #             jpeg-feeder-off: the same with --feeder off;
 #   shared-*  first after the build: TWO RANKS SHARING THE GPU (HVDTRAIN_SHARE_GPU=1, a test mode):
+#             every shared run with --deterministic (no cuDNN autotuning, deterministic kernels):
 #             shared-ref (one rank, the same global batch and LR: a rank's batch, two batches per
-#             allreduce), shared-ref-big (one rank, the global batch in one: BatchNorm over other
+#             allreduce), shared-ref-2 (the same run again: the floor of the distances),
+#             shared-ref-big (one rank, the global batch in one: BatchNorm over other
 #             groups of samples, the control), shared-hvd and shared-ddp (2 ranks, checkpoints),
 #             shared-weights (the checkpoints' distances to shared-ref's and between Horovod's and
 #             DDP's), shared-resume (one more epoch from shared-hvd's checkpoint), shared-doctor
@@ -350,11 +352,11 @@ launch2() {  # COMMAND...: two ranks on this machine, sharing its GPU
 shared_common() {  # the shared runs' options: SHARED_BATCH a rank, SHARED_STEPS steps an epoch
     echo --model "$MODEL" --dataset synthetic --image-size "$SIZE" --batch-size "$SHARED_BATCH" --amp "$AMP" \
         --channels-last "$CHANNELS_LAST" --synthetic-size $((2 * SHARED_BATCH * SHARED_STEPS)) --warmup-steps 2 \
-        --num-workers "$WORKERS" --log-interval 10 --base-lr 0.0125
+        --num-workers "$WORKERS" --log-interval 10 --base-lr 0.0125 --deterministic
 }
 shared_run() {  # NAME ARGS...: 2 ranks, or 1 for the references (the same global batch and LR)
     local name=$1; shift
-    if [ "$name" = shared-ref ] || [ "$name" = shared-ref-big ]; then
+    if [[ $name == shared-ref* ]]; then
         "$PY" -m hvdtrain.torch $(shared_common) --result-json "$LOGS/$name.json" "$@"
     else
         launch2 "$PY" -m hvdtrain.torch $(shared_common) --result-json "$LOGS/$name.json" "$@"
@@ -369,9 +371,13 @@ profile_run() {  # NAME ARGS...: the run under py-spy (sampling the main process
         "$PY" "$REPO/benchmarks/gpu_check.py" hvdtrain "$LOGS/profile-$name-settings.json" -- "${common[@]}" \
         --log-interval 50 --result-json "$LOGS/profile-$name.json" "$@"
 }
-shared_weights() {
+shared_weights() {  # against shared-ref, the runs that wrote a checkpoint (Horovod's and DDP's first)
+    local runs=() name
+    for name in shared-hvd shared-ddp shared-ref-big shared-ref-2; do
+        [ -d "$WORK/$name" ] && runs+=("$name=$WORK/$name")
+    done
     "$PY" "$REPO/benchmarks/gpu_check.py" compare-weights "$LOGS/shared-weights.json" "shared-ref=$WORK/shared-ref" \
-        "shared-hvd=$WORK/shared-hvd" "shared-ddp=$WORK/shared-ddp" "shared-ref-big=$WORK/shared-ref-big"
+        "${runs[@]}"
 }
 
 # ---------------------------------------------------------------- the stages
@@ -390,6 +396,7 @@ stage check 60 check_build || true
 # In the order of what has never run on a GPU: two ranks exchanging gradients on it first.
 stage shared-nccl 30 shared_nccl || true
 stage shared-ref 75 shared_run shared-ref --batches-per-allreduce 2 --epochs 1 --checkpoint-dir "$WORK/shared-ref" || true
+stage shared-ref-2 75 shared_run shared-ref-2 --batches-per-allreduce 2 --epochs 1 --checkpoint-dir "$WORK/shared-ref-2" || true
 stage shared-ref-big 75 shared_run shared-ref-big --batch-size $((2 * SHARED_BATCH)) --base-lr 0.025 --epochs 1 \
     --checkpoint-dir "$WORK/shared-ref-big" || true
 stage shared-hvd 90 shared_run shared-hvd --epochs 1 --checkpoint-dir "$WORK/shared-hvd" || true

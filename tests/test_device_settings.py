@@ -121,3 +121,33 @@ def test_the_cuda_phase_clock_holds_a_bounded_number_of_events_and_adds_up():
     assert gpu["waits"] == 1       # only the epoch's end waited: the held events were passed already
     assert clock.seconds == pytest.approx({"data": 5.0, "compute": 25.0, "sync": 10.0, "optimizer": 5.0,
                                            "other": 5.0})
+
+
+def test_deterministic_turns_autotuning_off_and_deterministic_kernels_on(monkeypatch):
+    """--deterministic: what made two GPU runs of the same batches part (cuDNN's autotuned
+    algorithms, nondeterministic kernels: docs/gpu.md, 2026-11-27) is off; the flags are set on
+    a CPU as on a GPU (the CUDA device object needs no GPU), and restored after."""
+    import os
+
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.torch import device_settings
+
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        assert TrainConfig().deterministic is False
+        assert device_settings.cuda_math(torch.device("cuda", 0))["cudnn_benchmark"] is True
+        assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+        device_settings.deterministic_kernels(False)
+        assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        settings = device_settings.cuda_math(torch.device("cuda", 0), deterministic=True)
+        assert settings == {"cudnn_benchmark": False, "tf32": True, "deterministic": True}
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+        device_settings.deterministic_kernels(True)
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert device_settings.cuda_math(torch.device("cpu"), deterministic=True) == {}
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[:2]
+        torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])

@@ -19,10 +19,13 @@ pytestmark = pytest.mark.slow  # real training runs (Horovod, DDP): the distribu
 
 MiB = 1024 * 1024
 # In their order: what has never run on a GPU first (two ranks sharing it), then one rank's figures.
-# profile-horovod and profile-ddp come after ckpt-every where py-spy is installed.
-STAGES = ["env", "check", "shared-nccl", "shared-ref", "shared-ref-big", "shared-hvd", "shared-ddp", "shared-weights", "shared-resume",
-          "shared-doctor", "horovod", "plain", "ddp", "feeder-off", "jpeg-data", "jpeg", "ckpt-every",
-          "jpeg-feeder-off", "resume", "plain-2", "doctor"]
+# profile-horovod and profile-ddp come after ckpt-every where py-spy is installed. The CPU mode here
+# runs every stage function and every kind of run once (GPU_CHECK_STAGES): left out are the runs
+# that only repeat one of them with another option (shared-ref-2 and shared-ref-big: shared-ref's;
+# feeder-off: horovod's; jpeg-feeder-off: jpeg's; plain-2: plain's), 45 s of the suite's time.
+STAGES = ["env", "check", "shared-nccl", "shared-ref", "shared-hvd", "shared-ddp", "shared-weights", "shared-resume",
+          "shared-doctor", "horovod", "plain", "ddp", "jpeg-data", "jpeg", "ckpt-every", "resume", "doctor"]
+SELECTED = "|".join(s for s in STAGES if s not in ("env", "check")) + "|profile-.*"
 
 
 def tiny_wheel(folder) -> str:
@@ -47,7 +50,7 @@ def test_gpu_check_cpu_mode(tmp_path):
     # venv, which has a python3 too, comes first on PATH (it did not: its .pth file then added
     # itself until Python's recursion limit, on the first GPU run).
     env = {k: v for k, v in base_env().items() if k != "PYTHON"}
-    env.update(GPU_CHECK_WORK=str(work), PATH=os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", os.defpath))
+    env.update(GPU_CHECK_WORK=str(work), GPU_CHECK_STAGES=SELECTED, PATH=os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", os.defpath))
     run = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh"), "--cpu", str(files), str(out)],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=380)
     output = run.stdout + run.stderr
@@ -92,7 +95,7 @@ def test_gpu_check_cpu_mode(tmp_path):
         assert rows[name][1] == pytest.approx(figures["ratios"][key], abs=0.0006)
     assert "Resume: ran" in report and "the same in every run" in report, report
     # The feeder's effect and real JPEGs: the runs happened, on the data they name.
-    assert figures["images_per_sec"]["feeder-off"] > 0 and figures["images_per_sec"]["jpeg"] > 0, figures
+    assert figures["images_per_sec"]["jpeg"] > 0, figures
     assert figures["jpeg_over_synthetic"] == pytest.approx(figures["images_per_sec"]["jpeg"]
                                                            / figures["images_per_sec"]["horovod"])
     jpeg = json.loads(tarfile.open(out / "gpu-check-logs.tar.gz").extractfile("logs/jpeg.json").read())
@@ -110,8 +113,9 @@ def test_gpu_check_cpu_mode(tmp_path):
     assert shared["resume_ran"] and runs["shared-resume"]["global_step"] == 6, shared
     weights = shared["weights"]
     assert weights["reference_moved"] > 0, weights
-    assert set(weights["runs"]) == {"shared-hvd", "shared-ddp", "shared-ref-big"}, weights
-    assert all(r["relative_distance"] > 0 for r in weights["runs"].values()), weights   # BatchNorm's groups
+    assert set(weights["runs"]) == {"shared-hvd", "shared-ddp"}, weights   # the runs that ran (no ref-2, ref-big)
+    assert all(weights["runs"][n]["relative_distance"] > 0 for n in ("shared-hvd", "shared-ddp")), \
+        weights   # BatchNorm over other groups of samples
     # Horovod and DDP reduce the same per-rank batches: on a CPU, the same weights.
     assert weights["between"]["runs"] == ["shared-hvd", "shared-ddp"], weights
     assert weights["between"]["relative_distance"] < 1e-3, weights
@@ -122,4 +126,3 @@ def test_gpu_check_cpu_mode(tmp_path):
     assert figures["images_per_sec"]["ckpt-every"] > 0 and figures["checkpoint_every_cost"] is not None, figures
     steps = sorted(int(re.search(r"-s(\d+)", p.name)[1]) for p in (work / "ckpt-every").glob("*.pt"))
     assert any(step % 3 for step in steps), steps
-    assert figures["images_per_sec"]["jpeg-feeder-off"] > 0, figures

@@ -141,7 +141,7 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
     if how == "usr1":
         assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
         assert f"job {job_id} requeued" in text, text[-4000:]
-        resumed = re.search(r"resumed from \S+ckpt-e\d+-s(\d+)\.pt at epoch \d+, step (\d+)", text)
+        resumed = re.search(r"resumed from \S+ckpt-e\d+-s(\d+)(?:-n\d+)?\.pt at epoch \d+, step (\d+)", text)
         assert resumed and resumed.group(1).lstrip("0") == stopped.group(2) == resumed.group(2), text[-4000:]
         result = result_of(cwd, job_id)
         assert result["global_step"] == reference["global_step"] and result["stopped_by"] is None
@@ -156,7 +156,7 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
         assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, text[-4000:])
         assert "requeued" not in tail(log, 10**6)
         [ckpt_dir] = glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))
-        steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)\.pt", " ".join(os.listdir(ckpt_dir)))]
+        steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)(?:-n\d+)?\.pt", " ".join(os.listdir(ckpt_dir)))]
         assert int(stopped.group(2)) in steps, (steps, text[-4000:])
 
 

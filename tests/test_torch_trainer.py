@@ -103,7 +103,8 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
     assert "ckpt-e0002-s00000042.pt" in out.output and ddp["global_step"] == 52, out.output[-2000:]
     assert {r["start_checksum"] for r in ddp["ranks"]} == {at_stop}, "DDP did not start from the Horovod run's weights"
     back, out = run_trainer(tmp_path, "back", "mpirun", 2, common + moved_dir)
-    assert "ckpt-e0002-s00000052.pt" in out.output and back["global_step"] == 84, out.output[-2000:]
+    # 10 steps into epoch 3: the name holds the 640 samples seen of it (2 ranks x 32 a step).
+    assert "ckpt-e0002-s00000052-n000000000640.pt" in out.output and back["global_step"] == 84, out.output[-2000:]
     assert {r["start_checksum"] for r in back["ranks"]} == {ddp["ranks"][0]["param_checksum"]}, \
         "Horovod did not start from the DDP run's weights"
     moved = _final_weights(tmp_path / "moved")

@@ -9,6 +9,8 @@ is `cuda_math` alone (docs/gpu.md lists every GPU-only line).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS
@@ -35,13 +37,26 @@ def channels_last(choice: str, model: str, device: torch.device, use_adasum: boo
     return device.type == "cuda" and model in CHANNELS_LAST_MODELS and not use_adasum
 
 
-def cuda_math(device: torch.device) -> dict:
+def cuda_math(device: torch.device, deterministic: bool = False) -> dict:
     """GPU only: cuDNN picks the fastest convolution algorithms for the input shapes it sees (the
     trainer's batches have one shape), and fp32 matmuls and convolutions use TF32 tensor cores
-    (Ampere and later; what torch's defaults leave off for matmuls). Returned for the log."""
+    (Ampere and later; what torch's defaults leave off for matmuls). `deterministic` (--deterministic):
+    no autotuning (two runs, or two ranks' processes, may pick different algorithms), cuDNN's
+    deterministic ones. Returned for the log."""
     if device.type != "cuda":
         return {}
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 rounds, but the same way every time
     torch.backends.cudnn.allow_tf32 = True
-    return {"cudnn_benchmark": True, "tf32": True}
+    return {"cudnn_benchmark": not deterministic, "tf32": True, "deterministic": deterministic}
+
+
+def deterministic_kernels(on: bool) -> None:
+    """--deterministic, on every device: torch's deterministic implementations, a warning where an
+    op has none (ResNet's adaptive pooling backward on CUDA); cuBLAS needs a fixed workspace for
+    it, set before its first call (the trainer's device set-up comes first)."""
+    if not on:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)

@@ -75,7 +75,8 @@ class Trainer(EpochTrainer):
         self.device = rank_device(b.local_rank, b.local_world_size)  # hvdtrain/torch/devices.py
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.cuda_math = device_settings.cuda_math(self.device)
+        device_settings.deterministic_kernels(self.cfg.deterministic)
+        self.cuda_math = device_settings.cuda_math(self.device, self.cfg.deterministic)
         return str(self.device)
 
     def _build_data(self) -> tuple[int, int]:
