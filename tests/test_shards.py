@@ -172,3 +172,78 @@ def test_shards_given_as_an_image_folder_say_which_option_reads_them(folder, tmp
     with pytest.raises(UsageError, match=re.escape(f"data dir '{written}' holds shards (manifest.json), not class "
                                                    "folders: --dataset shards")):
         check_imagefolder(written)
+
+
+# ---------------------------------------------------------------------------------------- ImageNet's scale (issue 46)
+def test_each_rank_reads_a_few_shards_an_epoch_each_sample_once_and_as_many_as_every_other_rank():
+    import numpy as np
+
+    from hvdtrain.datasets import shard_blocked_order
+
+    # ImageNet's 1,100 shards and 256 ranks, 40 samples a shard (1,164 in ImageNet: the same shape, faster)
+    sample_shards = np.repeat(np.arange(1_100), 40)[np.random.default_rng(5).permutation(1_100 * 40)]
+    orders = [shard_blocked_order(sample_shards, 7, 3, rank, 256) for rank in range(256)]
+    assert {len(o) for o in orders} == {len(sample_shards) // 256}
+    everything = np.concatenate(orders)
+    assert len(np.unique(everything)) == len(everything)  # no sample twice in an epoch
+    shards_read = [len(np.unique(sample_shards[o])) for o in orders]
+    assert max(shards_read) <= 1_100 // 256 + 2, max(shards_read)  # not every shard: ~5 of 1,100
+    # 15 workers, a batch each in turn: each opens its rank's few shards, 20 k opens, not 4.2 M.
+    per_worker = [len(np.unique(sample_shards[o[k * 8:(k + 1) * 8]])) for o in orders for w in range(15)
+                  for k in range(w, len(o) // 8, 15)]
+    assert sum(shards_read) * 15 < 15 * (1_100 + 256) and max(per_worker) <= max(shards_read)
+    again = shard_blocked_order(sample_shards, 7, 3, 100, 256)
+    assert np.array_equal(again, orders[100])  # a resume repeats the order
+    assert not np.array_equal(shard_blocked_order(sample_shards, 7, 4, 100, 256), again)  # each epoch its own
+    assert not np.array_equal(shard_blocked_order(sample_shards, 8, 3, 100, 256), again)  # and each seed
+    one_rank = shard_blocked_order(sample_shards[:5_000], 7, 3, 0, 1)  # one rank: a full permutation
+    assert sorted(one_rank) == list(range(5_000)) and list(one_rank) != sorted(one_rank)
+
+
+def test_exact_validation_gives_each_rank_one_block_of_samples():
+    from hvdtrain.datasets import exact_shard
+
+    blocks = [exact_shard(50_000, rank, 256) for rank in range(256)]
+    assert [i for b in blocks for i in b] == list(range(50_000))  # each once, in blocks: a few shards each
+    assert {len(b) for b in blocks} == {195, 196}
+
+
+def test_the_index_is_memory_mapped_and_not_pickled_into_workers(folder, tmp_path):
+    import numpy as np
+
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    reader = shards.ShardReader(out, "train")
+    with np.load(os.path.join(out, "train", "index.npz")) as written:
+        assert sorted(written.files) == sorted(reader.index)
+        for name in written.files:
+            assert np.array_equal(written[name], reader.index[name]), name
+            if name != "extensions":
+                assert isinstance(reader.index[name], np.memmap), name
+    sent = pickle.dumps(reader)
+    for column in ("offset", "crc32"):  # what a DataLoader worker receives holds no index column
+        assert reader.index[column].tobytes() not in sent, column
+    copy = pickle.loads(sent)
+    assert isinstance(copy.index["offset"], np.memmap) and copy.read(5) == reader.read(5)
+    (tmp_path / "broken").mkdir()
+    open(tmp_path / "broken" / "index.npz", "wb").write(b"not a zip")
+    with pytest.raises(UsageError, match="cannot read the index .*index.npz"):
+        shards.load_index(str(tmp_path / "broken" / "index.npz"))
+
+
+def test_the_torch_loader_reads_shards_in_the_shard_blocked_order(folder, tmp_path):
+    from types import SimpleNamespace
+
+    from hvdtrain.datasets import shard_blocked_order
+    from hvdtrain.torch import data, images
+
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.002, progress=False)
+    train = data.SeededSamples(images.ShardImages(out, "train", images.train_augment(16)), 3)
+    assert len(set(train.dataset.sample_shards.tolist())) > 8  # several shards
+    cfg = SimpleNamespace(seed=3, batch_size=4, batches_per_allreduce=1, num_workers=0)
+    batches = data.rank_batches(train, cfg, 1, 3, 2)
+    expected = shard_blocked_order(train.dataset.sample_shards, 3, 2, 1, 3)
+    assert [i for b in batches for i in b] == expected[:len(batches) * 4].tolist()
+    labels = [int(y) for _, ys in data.train_loader(train, cfg, 1, 3, 2, 0) for y in ys]
+    assert labels == [int(train.dataset.reader.labels[i]) for b in batches for i in b]

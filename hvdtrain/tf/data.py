@@ -6,7 +6,8 @@ trainer, images channels-last. No distributed code here: rank and world size are
     for x, y in data.train(epoch=0, skip_steps=0, rank=0, world_size=2, steps=10): ...
 
 Training: each epoch one permutation of all samples, the same on every rank (seeded by seed and
-epoch), of which each rank takes every world_size-th index; every rank
+epoch), of which each rank takes every world_size-th index (from shards: a few shards' samples
+per rank, datasets.shard_blocked_order); every rank
 runs the same number of full batches (a collective would hang otherwise). Resuming mid-epoch
 skips the batches already trained. Validation: `datasets.exact_shard`, every sample on exactly
 one rank, no padding; the last batch may be short.
@@ -50,6 +51,7 @@ class TFData:
     per_sample: bool      # files are decoded one by one; arrays are gathered a batch at a time
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
     files: dict | None = None  # image files: {split: i -> (bytes, where)}, for bad_sample
+    sample_shards: np.ndarray | None = None  # shards: each training sample's (see train_order)
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -65,7 +67,10 @@ class TFData:
         return options
 
     def train_order(self, epoch: int, rank: int, world_size: int, seed: int) -> np.ndarray:
-        """This rank's samples of an epoch, in order: every world_size-th of the epoch's permutation."""
+        """This rank's samples of an epoch, in order: every world_size-th of the epoch's permutation;
+        from shards, a few shards' samples per rank, as the torch trainer's (datasets.shard_blocked_order)."""
+        if self.sample_shards is not None:
+            return datasets.shard_blocked_order(self.sample_shards, seed, epoch, rank, world_size)
         return np.random.default_rng([seed, epoch]).permutation(self.train_size)[rank::world_size]
 
     def val_order(self, rank: int, world_size: int) -> np.ndarray:
@@ -207,4 +212,5 @@ def _shards(cfg, threads: int) -> TFData:
         loads[split] = _image_loader(read_bytes, reader.labels, cfg.image_size, split == "train")
     files = {split: lambda i, reader=reader: (reader.read(i)[0], reader.where(i)) for split, reader in readers.items()}
     return TFData(len(readers["train"]), len(readers["val"]), 3, len(readers["train"].classes), cfg.image_size,
-                  loads["train"], loads["val"], per_sample=True, threads=threads, files=files)
+                  loads["train"], loads["val"], per_sample=True, threads=threads, files=files,
+                  sample_shards=readers["train"].index["shard"])

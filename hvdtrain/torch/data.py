@@ -122,12 +122,41 @@ def feeds_on_thread(loader) -> bool:
     return loader.num_workers > 0 or isinstance(loader.dataset, _Gathered)
 
 
-def _epoch_sampler(dataset, cfg, rank: int, world_size: int, epoch: int) -> DistributedSampler:
-    """Rank `rank`'s shuffled shard of `epoch`. drop_last: every rank runs the same number of
+class ShardBlockedSampler(Sampler):
+    """A rank's samples of an epoch stored in shards, a few shards per rank
+    (datasets.shard_blocked_order): its decode workers open those, not every shard."""
+
+    def __init__(self, sample_shards, seed: int, epoch: int, rank: int, world_size: int):
+        self.sample_shards, self.seed, self.epoch = sample_shards, seed, epoch
+        self.rank, self.world_size = rank, world_size
+
+    def __iter__(self):
+        order = datasets.shard_blocked_order(self.sample_shards, self.seed, self.epoch, self.rank, self.world_size)
+        return iter(order.tolist())
+
+    def __len__(self):
+        return len(self.sample_shards) // self.world_size
+
+
+def sample_shards(dataset):
+    """Each sample's shard (an array), or None: a dataset says it by its `sample_shards` attribute
+    (ShardImages does, a user's may), seen through SeededSamples."""
+    while isinstance(dataset, SeededSamples):
+        dataset = dataset.dataset
+    return getattr(dataset, "sample_shards", None)
+
+
+def _epoch_sampler(dataset, cfg, rank: int, world_size: int, epoch: int) -> Sampler:
+    """Rank `rank`'s shuffled share of `epoch`: a few shards' samples where the dataset is
+    stored in shards, else DistributedSampler's. drop_last: every rank runs the same number of
     steps, or a collective would hang."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
-    sampler.set_epoch(epoch)
+    shards_of = sample_shards(dataset)
+    if shards_of is not None:
+        sampler = ShardBlockedSampler(shards_of, cfg.seed, epoch, rank, world_size)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                     seed=cfg.seed, drop_last=True)
+        sampler.set_epoch(epoch)
     if isinstance(dataset, SeededSamples):
         dataset.epoch = epoch  # workers get a copy of the dataset when the epoch's iterator starts
     return sampler

@@ -131,6 +131,11 @@ class ShardImages(Dataset):
     def __len__(self):
         return len(self.reader)
 
+    @property
+    def sample_shards(self):
+        """Each sample's shard: the training order reads a few shards per rank (data.ShardBlockedSampler)."""
+        return self.reader.index["shard"]
+
     def __getitem__(self, i):
         data, label = self.reader.read(i)
         return self.transform(decode(data, self.reader.where(i))), label
