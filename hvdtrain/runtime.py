@@ -17,8 +17,12 @@ import subprocess
 def threads_per_rank(requested: int | None, local_world_size: int) -> int:
     """CPU compute threads for this rank: the request, else Slurm's cpus-per-task, else the cores
     this process may run on shared among the ranks of this node."""
-    if requested:
-        return requested
+    return requested or rank_cores(local_world_size)
+
+
+def rank_cores(local_world_size: int) -> int:
+    """The cores this rank may count as its own: Slurm's cpus-per-task, else the cores this
+    process may run on shared among the ranks of this node."""
     if os.environ.get("SLURM_CPUS_PER_TASK"):
         return int(os.environ["SLURM_CPUS_PER_TASK"])
     allowed = len(os.sched_getaffinity(0))
@@ -26,6 +30,14 @@ def threads_per_rank(requested: int | None, local_world_size: int) -> int:
     # beyond), which other ranks can share: never more than this rank's share of the node.
     share = (os.cpu_count() or allowed) // max(1, local_world_size)
     return max(1, min(allowed, share))
+
+
+def feeder_thread_pays(on_gpu: bool, cores: int, compute_threads: int, decode_workers: int) -> bool:
+    """Whether the device feeder's thread (hvdtrain/torch/feeder.py) is worth running: on a GPU
+    it overlaps the copy and the normalisation with the step; on a CPU it only competes with the
+    step and the decode workers for the rank's cores, unless one is left over for it (measured:
+    issue 46, 2 ranks x 1 worker on 2 cores)."""
+    return on_gpu or cores > compute_threads + decode_workers
 
 
 def decode_workers(threads: int) -> int:

@@ -310,7 +310,10 @@ class ShardReader:
 
     def read(self, i: int) -> tuple[bytes, int]:
         shard, offset, size = int(self.index["shard"][i]), int(self.index["offset"][i]), int(self.index["size"][i])
-        data = self.files.pread(shard, size, offset)
+        try:
+            data = self.files.pread(shard, size, offset)
+        except OSError as err:  # gone, unreadable, a failing file system: one line, on every rank
+            raise datasets.BadSample(f"cannot read {self.where(i)} ({err.strerror or err})") from None
         if len(data) != size or zlib.crc32(data) != int(self.index["crc32"][i]):
             raise datasets.BadSample(f"{self.where(i)} is damaged ({'truncated' if len(data) != size else 'checksum'}"
                                      f" differs from {MANIFEST}; python -m hvdtrain.shards verify {self.root})")

@@ -247,3 +247,42 @@ def test_the_torch_loader_reads_shards_in_the_shard_blocked_order(folder, tmp_pa
     assert [i for b in batches for i in b] == expected[:len(batches) * 4].tolist()
     labels = [int(y) for _, ys in data.train_loader(train, cfg, 1, 3, 2, 0) for y in ys]
     assert labels == [int(train.dataset.reader.labels[i]) for b in batches for i in b]
+
+
+def test_on_a_cpu_the_decode_workers_normalise_what_the_step_would_have(folder, tmp_path):
+    from torch.utils.data import TensorDataset
+
+    from hvdtrain.torch import data, images
+
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    for made in (lambda: data.SeededSamples(images.ShardImages(out, "train", images.val_augment(16)), 0),
+                 lambda: data.SeededSamples(images.image_folder(f"{folder}/train", images.val_augment(16)), 0)):
+        uint8, floats = made(), made()
+        assert images.normalize_in_workers(floats) and not images.normalize_in_workers(floats)  # once
+        assert images.normalized_in_workers(floats) and not images.normalized_in_workers(uint8)
+        x, y = uint8[3]
+        xf, yf = pickle.loads(pickle.dumps(floats))[3]  # as a worker receives the dataset
+        assert x.dtype == torch.uint8 and xf.dtype == torch.float32 and y == yf
+        on_device = images.to_model_input(x[None], data.input_normalization(uint8))[0]
+        assert torch.allclose(xf, on_device) and torch.equal(images.to_model_input(xf[None], (0, 1))[0], xf)
+    users = TensorDataset(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4))
+    assert not images.normalize_in_workers(users)  # a user's dataset is theirs
+
+
+def test_the_feeder_thread_runs_on_a_gpu_or_where_a_core_is_left_for_it():
+    from hvdtrain.runtime import feeder_thread_pays
+
+    assert feeder_thread_pays(True, 1, 1, 1)
+    assert not feeder_thread_pays(False, 2, 1, 1)  # a rank's two cores: its step and its decode worker
+    assert feeder_thread_pays(False, 8, 1, 6)
+
+
+def test_a_shard_that_cannot_be_read_during_training_is_one_line_naming_it(folder, tmp_path):
+    out = str(tmp_path / "shards")
+    shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    reader = shards.ShardReader(out, "train")
+    shard = reader.shards[reader.index["shard"][4]]
+    os.unlink(shard)  # after the start's checks: moved, purged by the scratch file system's policy
+    with pytest.raises(BadSample, match=rf"cannot read shard {re.escape(shard)}, member 00000004\.\w+ \(No such file"):
+        reader.read(4)

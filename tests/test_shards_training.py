@@ -32,6 +32,8 @@ def train(tmp_path, data_dir, name, *extra, check=True):
 def test_a_resume_from_shards_mid_epoch_ends_with_the_uninterrupted_weights(shard_dir, tmp_path):
     whole = train(tmp_path, shard_dir, "whole", "--checkpoint-dir", str(tmp_path / "whole"))
     assert whole["config"]["dataset"] == "shards" and whole["config"]["num_workers"] == 1
+    # A CPU, a core per rank: its worker normalises, no feeder thread competes for the core (issue 46).
+    assert whole["images_normalised_in"] == "decode workers" and whole["feeder_thread"] is False
     assert whole["history"][-1]["val_count"] == VAL
     assert len({r["param_checksum"] for r in whole["ranks"]}) == 1, whole["ranks"]
     # 200 images, 2 ranks, batch 8: 12 steps an epoch; stopped at step 5 of epoch 2.

@@ -23,6 +23,7 @@ from hvdtrain import cli
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
+from hvdtrain.runtime import feeder_thread_pays, rank_cores
 from hvdtrain.schedule import lr_factor
 from hvdtrain.torch import dali, data, device_settings, images
 from hvdtrain.torch.feeder import DeviceFeeder
@@ -87,6 +88,12 @@ class Trainer(EpochTrainer):
         # uint8 images (hvdtrain's image files, or a user's dataset that says so) become floats on
         # the device, after the copy: hvdtrain/torch/images.py.
         self.input_normalization = data.input_normalization(self.train_ds)
+        if self.device.type == "cpu" and self.cfg.num_workers and self.cfg.loader == "torch":
+            # No bus to spare on a CPU: the decode workers normalise, in parallel, instead of the
+            # rank's main process, in series with the step (issue 46: 30 ms a batch of 32 at 224 px).
+            for dataset in (self.train_ds, self.val_ds):
+                images.normalize_in_workers(dataset)
+        self.feeder_thread = None  # whether the training batches came through the feeder's thread
         if self.cfg.loader == "dali":  # installed, and image files to decode: said before any step
             dali.require()
             dali.EncodedImages(self.train_ds)
@@ -160,7 +167,10 @@ class Trainer(EpochTrainer):
         (hvdtrain/torch/feeder.py)."""
         # DALI's batches draw nothing from torch's generator: they may be run on the thread too.
         safe = isinstance(loader, dali.DaliLoader) or data.feeds_on_thread(loader)
-        threaded = self.cfg.feeder == "on" and safe and self.backend.loaders_read_ahead
+        threaded = (self.cfg.feeder == "on" and safe and self.backend.loaders_read_ahead
+                    and feeder_thread_pays(self.device.type != "cpu", rank_cores(self.env.local_world_size),
+                                           self.threads, self.cfg.num_workers))
+        self.feeder_thread = threaded
         return DeviceFeeder(loader, self.device, self.prepare_inputs, threaded=threaded)
 
     def _data_remedy(self) -> str:
@@ -193,7 +203,10 @@ class Trainer(EpochTrainer):
                 "channels_last": self.channels_last}
 
     def _result_extras(self) -> dict:
-        return {"cuda_math": self.cuda_math}
+        normalised = data.input_normalization(self.train_ds) is not None and \
+            images.normalized_in_workers(self.train_ds)
+        return {"cuda_math": self.cuda_math, "feeder_thread": self.feeder_thread,
+                "images_normalised_in": "decode workers" if normalised else "the step's process"}
 
     def _average_statistics(self) -> None:
         self.backend.average_buffers(self.raw_model)
