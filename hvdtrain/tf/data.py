@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import datasets, shards
+from hvdtrain import augment, datasets, shards
 
 
 
@@ -83,10 +83,9 @@ class TFData:
         ds = tf.data.Dataset.from_tensor_slices(order)
         load = self.load_train
         if self.per_sample:
-            # Augmentations drawn from (seed, epoch, sample), not from a stream: a run resumed in
-            # the middle of an epoch draws what the uninterrupted run drew (as the torch trainer).
-            epoch_key = tf.constant(seed * 1_000_003 + epoch, tf.int64)
-            load = lambda i: self.load_train(i, tf.stack([epoch_key, i]))  # noqa: E731
+            # Crops and flips a function of (seed, epoch, sample), not of a stream: a run resumed in
+            # the middle of an epoch draws what the uninterrupted run drew (hvdtrain/augment.py).
+            load = lambda i: self.load_train(i, (seed, epoch))  # noqa: E731
         return self._load(ds, load, batch_size, drop_remainder=True)
 
     def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
@@ -164,24 +163,40 @@ def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
 
 
 def _image_loader(read_bytes, labels, size: int, train: bool):
-    """load(i[, sample_seed]) -> (normalised float image HWC, label) of sample i, whose file's
-    bytes read_bytes(i) gives as a tf.string."""
+    """load(i[, (seed, epoch)]) -> (normalised float image HWC, label) of sample i, whose file's
+    bytes read_bytes(i) gives as a tf.string. The window is hvdtrain's rule (hvdtrain/augment.py),
+    the one torch and DALI take; a JPEG is decoded only there (decode_and_crop_jpeg), other
+    formats whole, then cropped. Then a resize to size x size (bilinear, antialiased, as
+    torchvision's), the flip, the normalisation."""
     labels_t = tf.constant(labels, dtype=tf.int64)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
-    def load(i, sample_seed=None):
-        image = tf.io.decode_image(read_bytes(i), channels=3, expand_animations=False)
-        image = tf.image.convert_image_dtype(image, tf.float32)
-        # Resize to 1.14 x size, then crop: random (+flip) for training,
-        # central for validation, as the torch trainer does.
-        image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
-        if train:
-            crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(sample_seed, 2))
-            image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
-            image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-        else:
-            image = tf.image.resize_with_crop_or_pad(image, size, size)
-        return (image - mean) / std, labels_t[i]
+    def window(shape, key, i):
+        def rule(seed, epoch, index, height, width):
+            if train:
+                return np.array(augment.train_window(int(seed), int(epoch), int(index), int(height), int(width)),
+                                np.int32)
+            return np.array(augment.val_window(int(height), int(width), size), np.int32)
+        seed, epoch = key if key is not None else (0, 0)
+        found = tf.numpy_function(rule, [seed, epoch, i, shape[0], shape[1]], tf.int32, stateful=False)
+        return tf.ensure_shape(found, [5])
+
+    def load(i, key=None):
+        data = read_bytes(i)
+
+        def jpeg():
+            win = window(tf.io.extract_jpeg_shape(data), key, i)
+            return tf.io.decode_and_crop_jpeg(data, win[:4], channels=3), win[4]
+
+        def other():
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+            win = window(tf.shape(image), key, i)
+            return tf.image.crop_to_bounding_box(image, win[0], win[1], win[2], win[3]), win[4]
+
+        image, flip = tf.cond(tf.io.is_jpeg(data), jpeg, other)
+        image = tf.image.resize(tf.cast(image, tf.float32), [size, size], antialias=True)
+        image = tf.cond(flip > 0, lambda: tf.image.flip_left_right(image), lambda: image)
+        return (image / 255.0 - mean) / std, labels_t[i]
     return load
 
 

@@ -20,16 +20,13 @@ region), resizing (its filters, not torchvision's: the pixels differ slightly fr
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 import torch
 
-from hvdtrain import datasets
+from hvdtrain import augment, datasets
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import data, images
-
-SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop defaults
 
 
 def require():
@@ -78,32 +75,6 @@ def image_shape(data: bytes, where: str) -> tuple[int, int]:
     except Exception as err:  # noqa: BLE001 - PIL raises many kinds for a bad header
         raise datasets.BadSample(f"cannot read image {where} ({type(err).__name__}: {err})") from None
     return height, width
-
-
-def crop_window(rng: np.random.Generator, height: int, width: int) -> tuple[float, float, float, float]:
-    """A RandomResizedCrop window (torchvision's algorithm: 10 tries, else the centre crop at the
-    nearest allowed ratio), relative: (top, left, height, width) in [0, 1]."""
-    area = height * width
-    log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
-    for _ in range(10):
-        target = area * rng.uniform(*SCALE)
-        ratio = math.exp(rng.uniform(*log_ratio))
-        w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
-            return top / height, left / width, h / height, w / width
-    in_ratio = width / height
-    if in_ratio < RATIO[0]:
-        w, h = width, int(round(width / RATIO[0]))
-    elif in_ratio > RATIO[1]:
-        h, w = height, int(round(height * RATIO[1]))
-    else:
-        w, h = width, height
-    return (height - h) // 2 / height, (width - w) // 2 / width, h / height, w / width
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, index])
 
 
 # ---------------------------------------------------------------------------------------- the pipelines
@@ -190,10 +161,11 @@ class DaliLoader:
             data, label = self.source.read(i)
             files.append(np.frombuffer(data, dtype=np.uint8))
             labels.append(label)
-            if self.train:
-                rng = sample_rng(self.source.seed, self.epoch, i)
-                windows.append(np.array(crop_window(rng, *image_shape(data, self.source.where(i))), np.float32))
-                mirrors.append(np.array(int(rng.integers(0, 2)), np.int32))
+            if self.train:  # hvdtrain's rule (hvdtrain/augment.py), relative to the image's size
+                height, width = image_shape(data, self.source.where(i))
+                top, left, h, w, flip = augment.train_window(self.source.seed, self.epoch, i, height, width)
+                windows.append(np.array((top / height, left / width, h / height, w / width), np.float32))
+                mirrors.append(np.array(int(flip), np.int32))
         self.pipe.feed_input("files", files)
         if self.train:
             self.pipe.feed_input("window", windows)

@@ -8,7 +8,7 @@ import itertools
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, default_collate
 
-from hvdtrain import datasets
+from hvdtrain import augment, datasets
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import images, workers
 
@@ -41,8 +41,9 @@ class SeededSamples(Dataset):
         # (epoch, i) from train_loader's sampler: workers kept across epochs hold the copy of this
         # dataset made when they started, whose `epoch` is the first one's.
         epoch, i = key if isinstance(key, tuple) else (self.epoch, key)
-        torch.manual_seed((self.seed * 1_000_003 + epoch * 1_000_000_007 + i) % (2**63))
-        return self.dataset[i]
+        torch.manual_seed((self.seed * 1_000_003 + epoch * 1_000_000_007 + i) % (2**63))  # a user's transforms
+        with augment.reading_sample(self.seed, epoch, i):  # hvdtrain's crop (images.TrainCrop)
+            return self.dataset[i]
 
 
 class SkipSampler(Sampler):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from hvdtrain import datasets, shards
+from hvdtrain import augment, datasets, shards
 
 
 
@@ -48,7 +48,7 @@ def _decoder():
 
 DECODER, _decode = _decoder()
 # Validation resizes the shorter side to size x 256/224 (the ImageNet convention), then crops.
-VAL_RESIZE = 256 / 224
+VAL_RESIZE = augment.VAL_RESIZE
 
 
 def decode(data: bytes, where: str) -> torch.Tensor:
@@ -68,10 +68,32 @@ def load_file(path: str) -> torch.Tensor:
     return decode(read_file(path), path)
 
 
-def train_augment(size: int):
-    from torchvision.transforms import v2
+class TrainCrop:
+    """hvdtrain's training augmentation (hvdtrain/augment.py: torchvision's RandomResizedCrop
+    rule and a flip, the window a function of (seed, epoch, sample)), on a uint8 CHW tensor: the
+    window DALI and TensorFlow take for the same sample. The sample is the one data.SeededSamples
+    is reading; elsewhere (a user's dataset of their own) a window is drawn from torch's generator."""
 
-    return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as F
+
+        height, width = x.shape[-2:]
+        key = augment.current_sample()
+        if key is None:
+            key = (int(torch.randint(0, 2**62, ())), 0, 0)
+        top, left, h, w, flip = augment.train_window(*key, height, width)
+        x = F.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
+        return F.horizontal_flip(x) if flip else x
+
+    def __repr__(self):
+        return f"TrainCrop({self.size})"
+
+
+def train_augment(size: int):
+    return TrainCrop(size)
 
 
 def val_augment(size: int):
