@@ -1,6 +1,7 @@
 """The device feeder (hvdtrain/torch/feeder.py) on the CPU: the next batch is fetched while the
 current one is used, errors reach the caller at their batch, a loop that breaks early ends the
 thread, and loaders that would run dataset code on the main process are fed there."""
+import re
 import threading
 
 import pytest
@@ -88,3 +89,41 @@ def test_only_loaders_that_draw_no_random_numbers_on_the_main_process_are_thread
     torch.manual_seed(0)
     fed = [x for x, _ in DeviceFeeder(per_sample, "cpu", threaded=data.feeds_on_thread(per_sample))]
     assert all(torch.equal(a, b) for a, b in zip(plain, fed))
+
+
+class FailsAt(Dataset):
+    """Sample 5 raises, or kills the worker reading it (as the out-of-memory killer would)."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == 5:
+            if self.how == "kill":
+                import os
+                import signal
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError("sample 5 has no label")
+        return torch.zeros(2), i
+
+
+@pytest.mark.parametrize("how, workers, line", [
+    ("raise", 1, r"^reading the data, in DataLoader worker 0: ValueError: sample 5 has no label \(.*test_feeder\.py, "
+                 r"line \d+, in __getitem__\)$"),
+    ("raise", 0, r"^reading the data: ValueError: sample 5 has no label \(.*test_feeder\.py, line \d+, in "
+                 r"__getitem__\)$"),
+    ("kill", 1, r"^reading the data: DataLoader worker \(pid.*\) (exited unexpectedly|is killed by signal).*: killed "
+                r"from outside, most often for memory .*--num-workers"),
+])
+def test_an_error_reading_the_data_is_one_line_naming_where(how, workers, line):
+    from hvdtrain.errors import UsageError
+
+    loader = DataLoader(FailsAt(how), batch_size=4, num_workers=workers)
+    for threaded in (True, False):
+        with pytest.raises(UsageError) as err:
+            list(DeviceFeeder(loader, "cpu", threaded=threaded))
+        assert "\n" not in str(err.value)
+        assert re.match(line, str(err.value)), str(err.value)

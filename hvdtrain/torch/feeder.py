@@ -23,11 +23,51 @@ error raised while reading (a bad sample) is raised in the main thread at the ba
 from __future__ import annotations
 
 import queue
+import re
 import threading
+import traceback
 
 import torch
 
+from hvdtrain.errors import UsageError
+
 _END = object()
+
+
+def _read_in_one_line(batches):
+    """The loader's batches; an error while reading one (a dataset's exception, in a worker or
+    here, a worker killed) becomes one line naming it and where it was raised (issue 46: a
+    traceback from the worker, then another from the rank, and the job's end left to the
+    launcher). hvdtrain's own one-line errors (a damaged sample) pass as they are."""
+    try:
+        yield from batches
+    except UsageError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any error of the input pipeline, in one line
+        raise UsageError(reading_error(err)) from None
+
+
+_WORKER = re.compile(r"Caught (?P<kind>\w+) in DataLoader worker process (?P<worker>\d+)")
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+
+
+def reading_error(err: BaseException) -> str:
+    """One line for an error raised while a batch was read: the exception, the file and line it
+    came from, which worker; a worker that died (the kernel's out-of-memory killer) says so."""
+    text = str(err).strip()
+    if text.startswith("DataLoader worker") and ("exited unexpectedly" in text or "killed by signal" in text):
+        return (f"reading the data: {text.splitlines()[0]}: killed from outside, most often for memory (the "
+                "job's memory limit, or the kernel's out-of-memory killer: dmesg); fewer --num-workers or a smaller "
+                "--batch-size need less")
+    worker = _WORKER.search(text)
+    if worker:  # torch raised the worker's exception again, its traceback in the message
+        lines = [line for line in text.splitlines() if line.strip()]
+        frames = list(_FRAME.finditer(text))
+        where = f" ({frames[-1]['file']}, line {frames[-1]['line']}, in {frames[-1]['function']})" if frames else ""
+        return f"reading the data, in DataLoader worker {worker['worker']}: {lines[-1].strip()}{where}"
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return f"reading the data: {type(err).__name__}: {(text or '?').splitlines()[0]}{where}"
 
 
 class DeviceFeeder:
@@ -97,6 +137,11 @@ class DeviceFeeder:
             yield batch
 
     def __iter__(self):
+        # Read errors in one line, also those torch raises on this thread by its SIGCHLD handler
+        # when a worker dies (while this thread waits for the next batch).
+        return _read_in_one_line(self._batches())
+
+    def _batches(self):
         # The loader's iterator is made here, on the caller's thread: making it draws the
         # workers' base seed from torch's global generator, in the same place as without a feeder.
         batches = self._made_on_side_stream(iter(self.loader))
