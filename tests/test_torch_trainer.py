@@ -139,23 +139,33 @@ def test_lightning_under_srun_uses_its_slurm_detection(tmp_path, slurm_cluster):
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
 
 
-def test_batchnorm_statistics_of_every_rank_in_checkpoint_and_result(tmp_path):
+@pytest.fixture(scope="module")
+def resnet50_horovodrun(tmp_path_factory):
+    """ResNet-50 on synthetic images under horovodrun (Gloo), 4 steps, with a checkpoint at the end:
+    one launch for the horovodrun test and the BatchNorm statistics test."""
+    tmp_path = tmp_path_factory.mktemp("resnet50-horovodrun")
+    ckpt_dir = tmp_path / "ckpt"
+    result, _ = run_trainer(tmp_path, "hvdrun", "horovodrun", 2,
+                            ["--model", "resnet50", "--dataset", "synthetic", "--image-size", "64",
+                             "--batch-size", "4", "--steps", "4", "--synthetic-size", "64",
+                             "--threads-per-rank", "1", "--checkpoint-dir", str(ckpt_dir)], timeout=400)
+    return result, ckpt_dir
+
+
+def test_batchnorm_statistics_of_every_rank_in_checkpoint_and_result(resnet50_horovodrun):
     """Horovod reduces gradients only: each rank's BatchNorm running statistics are of its own
     batches. They are averaged over ranks before every checkpoint and at the end, and the result's
-    per-rank checksum covers them: the checkpoint rank 0 wrote is the model every rank ends with."""
+    per-rank checksum covers them: the checkpoint rank 0 wrote is the model every rank ends with.
+    (ResNet-50's 4 steps under horovodrun: test_resnet50_synthetic_under_horovodrun_gloo's launch.)"""
     from hvdtrain.checkpoint import latest_checkpoint
     from hvdtrain.results import checksum_arrays
     from hvdtrain.torch.models import build_model
 
-    ckpt_dir = tmp_path / "ckpt"
-    result, _ = run_trainer(tmp_path, "bn", "mpirun", 2,
-                            ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32",
-                             "--batch-size", "8", "--steps", "3", "--synthetic-size", "64",
-                             "--threads-per-rank", "1", "--checkpoint-dir", str(ckpt_dir)], timeout=300)
+    result, ckpt_dir = resnet50_horovodrun
     checksums = {r["param_checksum"] for r in result["ranks"]}
     assert len(checksums) == 1, "the ranks end with different weights or BatchNorm statistics"
     state = torch.load(latest_checkpoint(str(ckpt_dir)), map_location="cpu", weights_only=True)
-    model = build_model("resnet18", 3, state["config"]["num_classes"], 32)
+    model = build_model("resnet50", 3, state["config"]["num_classes"], 64)
     model.load_state_dict(state["model"])
     saved = [t.detach().double().numpy() for t in (*model.parameters(), *model.buffers())]
     assert checksum_arrays(saved) in checksums, "the checkpoint holds rank 0's statistics, not the average"
@@ -172,11 +182,8 @@ def test_resnet50_synthetic_under_srun(tmp_path, slurm_cluster):
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
 
 
-def test_resnet50_synthetic_under_horovodrun_gloo(tmp_path):
-    result, _ = run_trainer(tmp_path, "hvdrun", "horovodrun", 2,
-                            ["--model", "resnet50", "--dataset", "synthetic", "--image-size", "64",
-                             "--batch-size", "4", "--steps", "4", "--synthetic-size", "64",
-                             "--threads-per-rank", "1"], timeout=400)
+def test_resnet50_synthetic_under_horovodrun_gloo(resnet50_horovodrun):
+    result, _ = resnet50_horovodrun
     assert result["launcher"] == "horovodrun" and result["world_size"] == 2
     assert result["horovod_build_flags"]["gloo_built"] is True
     assert result["global_step"] == 4 and result["throughput"]["total_images_per_sec"] > 0
@@ -206,7 +213,19 @@ def losses(result) -> list[float]:
     return [loss for _, loss in result["loss_log"]]
 
 
-def test_fp16_allreduce_and_batches_per_allreduce(tmp_path):
+RECIPE_LR = 0.005  # mnist_cnn's recipe's base LR (hvdtrain/recipes.py), ONE_EPOCH's
+
+
+@pytest.fixture(scope="module")
+def one_epoch_averaged(tmp_path_factory) -> dict:
+    """ONE_EPOCH at 2 ranks, 32 a step, gradients averaged in full precision at the recipe's LR x 2:
+    the reference of --fp16-allreduce with --batches-per-allreduce and of --use-adasum (one launch)."""
+    result, _ = run_trainer(tmp_path_factory.mktemp("one-epoch"), "plain", "mpirun", 2, ONE_EPOCH + ["--batch-size", "32"])
+    assert result["config"]["base_lr"] == pytest.approx(RECIPE_LR) and result["config"]["lr"] == pytest.approx(2 * RECIPE_LR)
+    return result
+
+
+def test_fp16_allreduce_and_batches_per_allreduce(tmp_path, one_epoch_averaged):
     result, _ = run_trainer(tmp_path, "opts", "mpirun", 2,
                             ONE_EPOCH + ["--batch-size", "16", "--batches-per-allreduce", "2", "--fp16-allreduce",
                                          "--log-dir", str(tmp_path / "tb")])
@@ -216,7 +235,7 @@ def test_fp16_allreduce_and_batches_per_allreduce(tmp_path):
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
     # The same run with one 32-sample pass per step and full-precision gradients: accumulating two
     # halves gives (nearly) the same steps, and fp16 rounding makes them differ a little, not a lot.
-    plain, _ = run_trainer(tmp_path, "plain", "mpirun", 2, ONE_EPOCH + ["--batch-size", "32"])
+    plain = one_epoch_averaged
     assert plain["global_step"] == 21
     assert losses(result) == pytest.approx(losses(plain), rel=0.02)
     assert result["ranks"][0]["param_checksum"] != plain["ranks"][0]["param_checksum"], \
@@ -231,14 +250,14 @@ def test_fp16_allreduce_and_batches_per_allreduce(tmp_path):
     assert events.Scalars("val/acc")[-1].value == pytest.approx(result["final"]["val_acc"])
 
 
-def test_adasum(tmp_path):
+def test_adasum(tmp_path, one_epoch_averaged):
     result, _ = run_trainer(tmp_path, "adasum", "mpirun", 2,
-                            ONE_EPOCH + ["--batch-size", "32", "--use-adasum", "--base-lr", "0.05"])
+                            ONE_EPOCH + ["--batch-size", "32", "--use-adasum", "--base-lr", str(2 * RECIPE_LR)])
     assert result["config"]["lr"] == pytest.approx(result["config"]["base_lr"])  # no world-size scaling
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
-    # Averaging at the same LR (base 0.025 x 2 ranks) from the same start: Adasum must have
+    # Averaging at the same LR (the recipe's base x 2 ranks) from the same start: Adasum must have
     # combined the gradients otherwise, and trained.
-    averaged, _ = run_trainer(tmp_path, "average", "mpirun", 2, ONE_EPOCH + ["--batch-size", "32", "--base-lr", "0.025"])
+    averaged = one_epoch_averaged
     assert averaged["config"]["lr"] == pytest.approx(result["config"]["lr"])
     assert result["ranks"][0]["param_checksum"] != averaged["ranks"][0]["param_checksum"], \
         "--use-adasum computed exactly what averaging does: was it applied?"
