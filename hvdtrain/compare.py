@@ -127,7 +127,9 @@ def parse_args(argv=None):
     what.add_argument("--train-args", metavar="'OPTIONS'",
                       help="your own trainer options instead of a workload, in one quoted string")
     what.add_argument("--collect", metavar="DIR", help="write a study's report from its jobs' result files (again)")
-    own = p.add_argument_group("your own model (torch backends; --train-args adds the other trainer options)")
+    own = p.add_argument_group("your own model (a torch model: the torch backends, the default; a Keras model: "
+                               "--backends horovod-tf,tf-mwms, with a built-in --dataset, an image folder or shards; "
+                               "--train-args adds the other trainer options)")
     for part, example in (("model", "my_net.py:build"), ("dataset", "my_data.py:datasets"), ("loss", "my_loss.py:loss")):
         own.add_argument(f"--{part}", metavar="REF", help=f"as the trainer's --{part}, e.g. {example}")
     p.add_argument("--np", default="1,2", help="comma-separated rank counts (on this host, or in this allocation)")

@@ -37,9 +37,10 @@ class TrainConfig:
     dataset: str = opt("synthetic", help="one of: {datasets}; or your own, FILE.py:FUNCTION (returning (train, val) "
                                          "datasets of (input, target) pairs; val may be None)", per_rank=False,
                        resume=MATCH)
-    loss: str = opt("cross_entropy", help="cross_entropy (accuracy reported too), or your own FILE.py:FUNCTION, "
-                                          "(outputs, targets) -> scalar tensor", per_rank=False, resume=MATCH,
-                    frameworks=("torch",))
+    loss: str = opt("cross_entropy", help="cross_entropy (accuracy reported too), or your own FILE.py:FUNCTION: "
+                                          "torch: (outputs, targets) -> scalar tensor; TensorFlow: Keras' order, "
+                                          "(y_true, y_pred) -> loss", per_rank=False, resume=MATCH,
+                    frameworks=("torch", "tf"))
     data_dir: str | None = opt(None, help="imagefolder: the root holding train/ and val/ class folders; shards: the "
                                           "directory python -m hvdtrain.shards wrote", per_rank=True,
                                resume=FREE)

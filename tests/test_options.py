@@ -64,7 +64,7 @@ def test_what_ranks_may_differ_in_and_what_a_resume_must_match():
     assert set(options.shared(cfg)) == {f.name for f in FIELDS} - per_rank
     assert ckpt.compatible_keys("torch") == ("framework", "model", "dataset", "loss", "image_size", "optimizer",
                                              "num_classes")
-    assert ckpt.compatible_keys("tf") == ("framework", "model", "dataset", "image_size", "optimizer", "loop",
+    assert ckpt.compatible_keys("tf") == ("framework", "model", "dataset", "loss", "image_size", "optimizer", "loop",
                                           "num_classes")
     assert ckpt.RESIZE_KEYS == ("world_size", "batch_size", "batches_per_allreduce")
 

@@ -8,6 +8,8 @@ Bad input is reported as one line naming the rank, with exit status 2, on every 
 """
 from __future__ import annotations
 
+import os
+
 from hvdtrain import cli, plugins
 from hvdtrain.errors import UsageError
 from hvdtrain.tf.models import MODELS, check_model_name
@@ -26,9 +28,16 @@ def train(cfg) -> None:
 
 def check(cfg) -> None:
     if plugins.is_reference(cfg.dataset):
-        raise UsageError(f"--dataset {cfg.dataset}: hvdtrain.tf trains its built-in datasets only "
-                         "(your own datasets: hvdtrain.torch)")
-    check_model_name(cfg.model)
+        raise UsageError(f"--dataset {cfg.dataset}: hvdtrain.tf reads its built-in datasets, image folders and shards "
+                         "(arrays or a tf.data.Dataset of your own: hvdtrain.tf.fit)")
+    # A model of the user's (FILE.py:FUNCTION) is imported once the loop's Keras is chosen.
+    if not plugins.is_reference(cfg.model):
+        check_model_name(cfg.model)
+    for option, value in (("--model", cfg.model), ("--loss", cfg.loss)):
+        if plugins.is_reference(value):
+            where, _ = plugins.split(value, option)
+            if where.endswith(".py") and not os.path.isfile(where):
+                raise UsageError(f"{option} {value}: no file {os.path.abspath(where)}")
 
 
 def main(argv=None) -> None:

@@ -73,6 +73,15 @@ class TFData:
             return datasets.shard_blocked_order(self.sample_shards, seed, epoch, rank, world_size)
         return np.random.default_rng([seed, epoch]).permutation(self.train_size)[rank::world_size]
 
+    def samples(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first n training samples (images as the model takes them, labels), for trying a
+        user's model and loss before the first step."""
+        if self.per_sample:
+            pairs = [self.load_train(tf.constant(i, tf.int64), (0, 0)) for i in range(n)]
+            return np.stack([x.numpy() for x, _ in pairs]), np.stack([y.numpy() for _, y in pairs])
+        x, y = self.load_train(tf.range(n, dtype=tf.int64))
+        return x.numpy(), y.numpy()
+
     def val_order(self, rank: int, world_size: int) -> np.ndarray:
         return np.array(datasets.exact_shard(self.val_size, rank, world_size), dtype=np.int64)
 

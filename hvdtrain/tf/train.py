@@ -144,7 +144,7 @@ class Trainer(EpochTrainer):
         current = self._checkpoint_config()
         # (--loop too: fit's tf_keras legacy optimizer and custom's Keras 3 one keep different slots.)
         ckpt.check_compatible(path, {**meta["config"], "format_version": meta["format_version"]}, current)
-        # fit()'s loss too, which the command line does not take (so not among its keys).
+        # The loss is among those keys (--loss); a checkpoint of before it was written without it.
         saved_loss = meta["config"].get("loss", "cross_entropy")
         if saved_loss != current["loss"]:
             raise UsageError(f"checkpoint {path} does not match this run: loss: checkpoint {saved_loss!r}, this "

@@ -38,13 +38,24 @@ class TFWorkload:
 
 
 def from_config(cfg) -> TFWorkload:
-    """The command line's built-in model and dataset."""
+    """The command line's built-in dataset, and its built-in model or the user's (--model
+    FILE.py:FUNCTION, a function of no arguments returning a Keras model; --loss FILE.py:FUNCTION,
+    loss(y_true, y_pred)). The user's files are imported here, after the loop's Keras was chosen."""
     from hvdtrain.tf.data import build_data
     from hvdtrain.tf.models import build_model
 
-    return TFWorkload(data=lambda threads: build_data(cfg, threads),
-                      build_model=lambda keras, d: build_model(keras, cfg.model, d.in_channels, d.num_classes,
-                                                               d.image_size))
+    loss = None if cfg.loss == CROSS_ENTROPY else plugins.load(cfg.loss, "--loss")
+    if plugins.is_reference(cfg.model):
+        function = plugins.load(cfg.model, "--model")
+
+        def build(keras, d):
+            x, y = d.samples(2)
+            return user_model(function, cfg.model, (x, y), loss, None if loss is not None else d.num_classes - 1,
+                              who="--model")(keras, d)
+    else:
+        def build(keras, d):
+            return build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
+    return TFWorkload(data=lambda threads: build_data(cfg, threads), build_model=build, loss=loss)
 
 
 def given(model, model_name: str, train: tuple, val: tuple | None, loss) -> TFWorkload:
@@ -239,17 +250,18 @@ def fingerprint(*arrays) -> str:
     return f"{crc:08x}"
 
 
-def check_labels(max_label: int, outputs_shape) -> None:
+def check_labels(max_label: int, outputs_shape, who: str = "fit()") -> None:
     """The cross-entropy's labels index the model's outputs (logits, one per class)."""
+    loss, data = ("loss=", "train_data") if who == "fit()" else ("--loss", "the training set")
     if len(outputs_shape) != 2:
-        raise UsageError(f"fit(): without loss=, the model gives logits of shape (batch, classes) for the "
-                         f"cross-entropy; it gives {tuple(outputs_shape)}; give loss= for other outputs")
+        raise UsageError(f"{who}: without {loss}, the model gives logits of shape (batch, classes) for the "
+                         f"cross-entropy; it gives {tuple(outputs_shape)}; give {loss} for other outputs")
     if max_label >= outputs_shape[1]:
-        raise UsageError(f"fit(): train_data's labels go up to {max_label}, but the model gives {outputs_shape[1]} "
+        raise UsageError(f"{who}: {data}'s labels go up to {max_label}, but the model gives {outputs_shape[1]} "
                          "outputs per sample (logits, one per class)")
 
 
-def user_model(model, model_name: str, train: tuple, loss, max_label: int | None):
+def user_model(model, model_name: str, train: tuple, loss, max_label: int | None, who: str = "fit()"):
     """build_model for fit(): the model given, or built now by the function given (every rank
     seeded alike before), checked to be of the loop's Keras, built by a call on two training
     samples, with the loss tried on them: a wrong model or loss is one line now, not a traceback
@@ -257,27 +269,31 @@ def user_model(model, model_name: str, train: tuple, loss, max_label: int | None
     x, y = train[0][:2], train[1][:2]
 
     def build(keras, data):
-        built = model if keras_of(model) is not None else plugins.call(model, model_name, "fit(): model")
+        cli = who != "fit()"
+        built = model if keras_of(model) is not None else \
+            plugins.call(model, model_name, "--model" if cli else "fit(): model")
         if keras_of(built) is not keras:
             got = (f"a {keras_of(built).__name__} model" if keras_of(built) else
                    f"a {type(built).__module__}.{type(built).__name__}, not a Keras model")
-            raise UsageError(f"fit(): model {model_name} gave {got}; this loop runs on {keras.__name__} "
-                             "(loop='fit' runs on tf_keras; the custom loop on the model's Keras)")
+            loops = ("--loop fit runs on tf_keras, --loop custom on Keras 3 (import keras in your file)" if cli else
+                     "loop='fit' runs on tf_keras; the custom loop on the model's Keras")
+            raise UsageError(f"{who}: model {model_name} gave {got}; this loop runs on {keras.__name__} ({loops})")
         if built is not model and loss is None and compiled_loss(built, keras) is not None:
-            raise UsageError(f"fit(): the model {model_name} builds is compiled with a loss: pass it as loss= "
-                             "(a model built before fit() gives its compiled loss itself)")
-        outputs = _tried(lambda: built(x, training=False), f"model {model_name}")
+            raise UsageError(f"{who}: the model {model_name} builds is compiled with a loss: pass it as "
+                             + ("--loss FILE.py:FUNCTION" if cli else
+                                "loss= (a model built before fit() gives its compiled loss itself)"))
+        outputs = _tried(lambda: built(x, training=False), f"model {model_name}", who)
         if loss is None:
-            check_labels(max_label, tuple(outputs.shape))
+            check_labels(max_label, tuple(outputs.shape), who)
         else:
-            _tried(lambda: loss(y, outputs), f"the loss {loss_name(loss)}")
+            _tried(lambda: loss(y, outputs), f"the loss {loss_name(loss)}", who)
         return built
     return build
 
 
-def _tried(call, what: str):
+def _tried(call, what: str, who: str = "fit()"):
     try:
         return call()
     except Exception as err:  # noqa: BLE001 - the user's model or loss, in one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise UsageError(f"fit(): {what} failed on two training samples ({type(err).__name__}: {first})") from None
+        raise UsageError(f"{who}: {what} failed on two training samples ({type(err).__name__}: {first})") from None
