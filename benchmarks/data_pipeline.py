@@ -105,7 +105,44 @@ def pipelines(folder: str, shards_dir: str, size: int) -> dict:
             lambda i: loader._run(batches[i % len(batches)]), len(batches), DALI_BATCH)
     except Exception as err:  # noqa: BLE001 - reported, the rest measured
         print(f"(DALI not measured: {str(err).splitlines()[0]})")
+    try:
+        table.update(tensorflow_pipelines(blobs, size))
+    except ImportError as err:
+        print(f"(TensorFlow not measured: {err})")
     return table
+
+
+def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
+    """TensorFlow's per-sample function as hvdtrain.tf's tf.data map runs it (a graph, one thread),
+    today's (hvdtrain/tf/data.py: only the window decoded, hvdtrain/augment.py's rule) and the
+    one before issue 48 (the whole image decoded, resized to a 1.14 x size square, cropped)."""
+    import tensorflow as tf
+
+    from hvdtrain import datasets
+    from hvdtrain.tf import data as tf_data
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    files = tf.constant(blobs)
+    now = tf_data._image_loader(lambda i: files[i], [0] * len(blobs), size, True)
+    mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
+
+    def before(i):
+        image = tf.io.decode_image(files[i], channels=3, expand_animations=False)
+        image = tf.image.convert_image_dtype(image, tf.float32)
+        image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
+        seed = tf.stack([tf.constant(7, tf.int64), i])
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+        return (image - mean) / std
+
+    now_graph = tf.function(lambda i: now(i, (7, 0))[0])
+    before_graph = tf.function(before)
+    return {"TensorFlow before (whole image, 1.14 x size square, random crop), float32":
+            (lambda i: before_graph(tf.constant(i, tf.int64)), len(blobs)),
+            "TensorFlow now (decode_and_crop_jpeg of hvdtrain's window), float32":
+            (lambda i: now_graph(tf.constant(i, tf.int64)), len(blobs))}
 
 
 def per_core(table: dict, repeats: int, seconds: float) -> dict:

@@ -181,13 +181,17 @@ def _image_loader(read_bytes, labels, size: int, train: bool):
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
     def window(shape, key, i):
-        def rule(seed, epoch, index, height, width):
-            if train:
-                return np.array(augment.train_window(int(seed), int(epoch), int(index), int(height), int(width)),
-                                np.int32)
-            return np.array(augment.val_window(int(height), int(width), size), np.int32)
-        seed, epoch = key if key is not None else (0, 0)
-        found = tf.numpy_function(rule, [seed, epoch, i, shape[0], shape[1]], tf.int32, stateful=False)
+        height, width = shape[0], shape[1]
+        if not train:  # augment.val_window in TensorFlow's ops (nothing random: no call into Python)
+            short = tf.cast(tf.minimum(height, width), tf.float64)
+            side = tf.cast(tf.round(size * short / int(size * augment.VAL_RESIZE)), tf.int32)
+            side = tf.clip_by_value(side, 1, tf.minimum(height, width))
+            return tf.stack([(height - side) // 2, (width - side) // 2, side, side, 0])
+
+        def rule(seed, epoch, index, h, w):  # numpy's generator: the windows torch and DALI draw
+            return np.array(augment.train_window(int(seed), int(epoch), int(index), int(h), int(w)), np.int32)
+        seed, epoch = key
+        found = tf.numpy_function(rule, [seed, epoch, i, height, width], tf.int32, stateful=False)
         return tf.ensure_shape(found, [5])
 
     def load(i, key=None):
