@@ -68,18 +68,19 @@ def _final_weights(ckpt_dir):
     return torch.load(path, weights_only=True)
 
 
-def test_resume_after_interruption_matches_uninterrupted(tmp_path):
-    common = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "sgd", "--base-lr", "0.02",
-              "--epochs", "4", "--batch-size", "32", "--threads-per-rank", "1", "--seed", "7"]
-    run_trainer(tmp_path, "full", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "full")])
-    # Stopped after epoch 2 (21 steps per epoch on 2 ranks): the uninterrupted run's checkpoint
-    # there is what a stop leaves; run again, it resumes by itself. A user leaving Horovod mid-run:
-    # the same checkpoint (the format holds no backend's wrapping) goes on under DDP, stopped in the
-    # middle of epoch 3 (--steps 52: its checkpoint holds the position in the epoch), then back
-    # under Horovod from that step, and ends where the Horovod-only runs end, so each backend
-    # started from the other's weights (each rank's `start_checksum` in the result file).
+RESUME = ["--model", "mnist_cnn", "--dataset", "digits", "--optimizer", "sgd", "--base-lr", "0.02",
+          "--epochs", "4", "--batch-size", "32", "--threads-per-rank", "1", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def horovod_then_ddp_under_srun(tmp_path_factory, slurm_cluster) -> dict:
+    """The resume test's first legs: 4 epochs under Horovod (mpirun), its checkpoint after epoch 2
+    copied twice, and one copy resumed under DDP to step 52, launched with srun: that launch is
+    also test_comparison_backends_under_srun[ddp]'s (DDP's rendezvous under srun)."""
     from hvdtrain.results import checksum_arrays
 
+    tmp_path = tmp_path_factory.mktemp("resume")
+    run_trainer(tmp_path, "full", "mpirun", 2, RESUME + ["--checkpoint-dir", str(tmp_path / "full")])
     stopped = tmp_path / "full" / "ckpt-e0002-s00000042.pt"
     for name in ("split", "moved"):
         (tmp_path / name).mkdir()
@@ -87,6 +88,20 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
             (tmp_path / name / f.name).write_bytes(f.read_bytes())
     # The trainer's checksum of those weights (mnist_cnn has parameters only, in state_dict order).
     at_stop = checksum_arrays([t.double().numpy() for t in torch.load(stopped, weights_only=True)["model"].values()])
+    ddp, out = run_trainer(tmp_path, "ddp", "srun", 2, RESUME + ["--checkpoint-dir", str(tmp_path / "moved"),
+                                                               "--backend", "ddp", "--steps", "52"], timeout=240)
+    return {"tmp_path": tmp_path, "at_stop": at_stop, "ddp": ddp, "ddp_output": out.output}
+
+
+def test_resume_after_interruption_matches_uninterrupted(horovod_then_ddp_under_srun):
+    # Stopped after epoch 2 (21 steps per epoch on 2 ranks): the uninterrupted run's checkpoint
+    # there is what a stop leaves; run again, it resumes by itself. A user leaving Horovod mid-run:
+    # the same checkpoint (the format holds no backend's wrapping) goes on under DDP, stopped in the
+    # middle of epoch 3 (--steps 52: its checkpoint holds the position in the epoch), then back
+    # under Horovod from that step, and ends where the Horovod-only runs end, so each backend
+    # started from the other's weights (each rank's `start_checksum` in the result file).
+    # (The Horovod run and the DDP leg, under srun: the fixture's.)
+    tmp_path, at_stop, common = horovod_then_ddp_under_srun["tmp_path"], horovod_then_ddp_under_srun["at_stop"], RESUME
     second, out = run_trainer(tmp_path, "part2", "mpirun", 2, common + ["--checkpoint-dir", str(tmp_path / "split")])
     assert "resumed from" in out.output and "ckpt-e0002-s00000042.pt" in out.output
     assert second["global_step"] == 84 and second["epoch"] == 4
@@ -99,8 +114,8 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
     assert not any(k.startswith("module.") for k in full["model"])
 
     moved_dir = ["--checkpoint-dir", str(tmp_path / "moved")]
-    ddp, out = run_trainer(tmp_path, "ddp", "mpirun", 2, common + moved_dir + ["--backend", "ddp", "--steps", "52"])
-    assert "ckpt-e0002-s00000042.pt" in out.output and ddp["global_step"] == 52, out.output[-2000:]
+    ddp, output = horovod_then_ddp_under_srun["ddp"], horovod_then_ddp_under_srun["ddp_output"]
+    assert "ckpt-e0002-s00000042.pt" in output and ddp["global_step"] == 52, output[-2000:]
     assert {r["start_checksum"] for r in ddp["ranks"]} == {at_stop}, "DDP did not start from the Horovod run's weights"
     back, out = run_trainer(tmp_path, "back", "mpirun", 2, common + moved_dir)
     # 10 steps into epoch 3: the name holds the 640 samples seen of it (2 ranks x 32 a step).
@@ -115,11 +130,15 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["ddp", "accelerate"])
-def test_comparison_backends_under_srun(tmp_path, slurm_cluster, backend):
+def test_comparison_backends_under_srun(tmp_path, slurm_cluster, request, backend):
     """DDP's and Accelerate's rendezvous under srun: rank 0 binds a port it holds and shares it over
-    MPI (a port derived from the job id failed when another program held it)."""
-    result, run = run_trainer(tmp_path, f"{backend}-srun", "srun", 2, ["--backend", backend] + DIGITS[:4] +
-                              ["--steps", "5", "--threads-per-rank", "1"], timeout=240)
+    MPI (a port derived from the job id failed when another program held it). DDP's launch is the
+    resume test's DDP leg (a checkpoint resumed to step 52 under srun)."""
+    if backend == "ddp":
+        result = request.getfixturevalue("horovod_then_ddp_under_srun")["ddp"]
+    else:
+        result, run = run_trainer(tmp_path, f"{backend}-srun", "srun", 2, ["--backend", backend] + DIGITS[:4] +
+                                  ["--steps", "5", "--threads-per-rank", "1"], timeout=240)
     assert result["backend"] == backend and result["launcher"] == "slurm" and result["world_size"] == 2
     assert len({r["param_checksum"] for r in result["ranks"]}) == 1
 
