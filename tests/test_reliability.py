@@ -258,11 +258,21 @@ def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
     assert kept == ["ckpt-e0002-s00000042.pt"], kept
 
 
+@pytest.fixture(scope="module")
+def tf_ten_steps(tmp_path_factory) -> dict:
+    """10 steps of TF's custom loop on 2 ranks under Horovod, with a checkpoint and a result file:
+    the start of the TF resize test, and the Horovod case of the listeners' test (both side lane)."""
+    tmp = tmp_path_factory.mktemp("tf-ten-steps")
+    ckpt_dir, result = str(tmp / "ckpt"), tmp / "result.json"
+    run = launch("mpirun", 2, TF + DIGITS + ["--checkpoint-dir", ckpt_dir, "--epochs", "1", "--loop", "custom",
+                                             "--steps", "10", "--result-json", str(result)], timeout=240)
+    return {"ckpt_dir": ckpt_dir, "run": run, "result": json.loads(result.read_text())}
+
+
 @pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
-def test_tf_resume_with_another_world_size_is_refused_then_resized(tmp_path):
-    ckpt_dir = str(tmp_path / "ckpt")
+def test_tf_resume_with_another_world_size_is_refused_then_resized(tmp_path, tf_ten_steps):
+    ckpt_dir = tf_ten_steps["ckpt_dir"]  # 10 steps of 2 x 32
     common = DIGITS + ["--checkpoint-dir", ckpt_dir, "--epochs", "1", "--loop", "custom"]
-    launch("mpirun", 2, TF + common + ["--steps", "10"], timeout=240)
     refused = launch("mpirun", 1, TF + common, timeout=180, check=False)
     assert_job_failed_with(refused, "was written with another global batch (world size 2 -> 1)", 1)
     result_path = tmp_path / "resized.json"
@@ -313,17 +323,24 @@ def test_corrupt_image_is_named_in_one_line(tmp_path):
     assert_job_failed_with(run, f"cannot read image {bad} (", 2)
 
 
-@pytest.mark.parametrize("backend", ["horovod", "mwms"])
-def test_every_backend_says_what_its_ranks_listen_on(tmp_path, backend):
+# Horovod's case reads the TF resize test's first launch (the same run: 2 ranks, the custom loop,
+# Horovod), so it runs in the side lane with it.
+@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.side_lane), "mwms"])
+def test_every_backend_says_what_its_ranks_listen_on(tmp_path, request, backend):
     """Each rank lists its listeners once its backend has started: on one host, none beyond
     loopback (DDP's TCPStore, which Lightning and Accelerate share, is bound to 127.0.0.1 by
     hvdtrain; torch's own env:// store would listen on [::]), except TensorFlow's gRPC server,
     which cannot be bound to one address: that is said in one line per rank. (The torch
     backends' launches are test_many_epoch_boundaries_never_stall_and_leave_no_process's.)"""
-    result = tmp_path / "result.json"
-    run = launch("mpirun", 2, TF + DIGITS + [
-        "--steps", "3", "--backend", backend, "--result-json", str(result)], timeout=240)
-    heard = json.loads(result.read_text())["listening_beyond_loopback"]
+    if backend == "horovod":
+        job = request.getfixturevalue("tf_ten_steps")
+        run, heard = job["run"], job["result"]["listening_beyond_loopback"]
+        assert job["result"]["backend"] == "horovod", job["result"]["backend"]
+    else:
+        result = tmp_path / "result.json"
+        run = launch("mpirun", 2, TF + DIGITS + [
+            "--steps", "3", "--backend", backend, "--result-json", str(result)], timeout=240)
+        heard = json.loads(result.read_text())["listening_beyond_loopback"]
     if backend == "mwms":
         assert all(heard[str(r)] for r in (0, 1)), heard
         assert run.output.count("listens beyond loopback on") == 2 and "gRPC server" in run.output
