@@ -133,10 +133,11 @@ def test_watchdog_ends_the_job_when_a_rank_blocks_reading_data(tmp_path):
 @pytest.mark.parametrize("backend, workers, epochs", [("horovod", 2, 50), ("horovod", 0, 50), ("ddp", 2, 20),
                                                      ("lightning", 2, 20), ("accelerate", 2, 20)])
 def test_many_epoch_boundaries_never_stall_and_leave_no_process(tmp_path, backend, workers, epochs):
-    """DataLoader workers start anew at every epoch and validation pass, while the rank runs its
-    threads (Horovod's, Gloo's, the watchdog's, the progress bar's): a fork from such a rank could
-    hang in os.fork (Lightning stalled at epoch 13 and 17 that way; workers now start from a fork
-    server). Many one-step epochs in a row at np 2 end with every epoch recorded and within the
+    """Every epoch and validation pass hands its sampler to the loaders kept across epochs (their
+    workers started once, from a fork server, while the rank runs its threads: Horovod's, Gloo's,
+    the watchdog's, the progress bar's; a fork from such a rank could hang in os.fork: Lightning
+    stalled at epoch 13 and 17 that way when workers started anew each epoch; the horovod-0 case
+    starts none). Many one-step epochs in a row at np 2 end with every epoch recorded and within the
     watchdog's 60 s at every step, and nothing of the job is left once it has ended."""
     from hvdtrain.datasets import write_digits_imagefolder
 
