@@ -44,8 +44,11 @@ SIDE_FILES = ("test_setup.py", "test_gpu_check.py", "test_slurm_jobs.py", "test_
               "test_doctor.py", "test_torch_errors.py", "test_collectives.py", "test_horovod_keras.py", "test_tf_fit.py")
 # Join the side lane when set-up's tests will build nothing (a warm machine): then the side lane
 # is the shorter by about four minutes (measured: main 1,537 s, side 1,056 s), these files take
-# about 220 s. On a cold machine set-up's two Horovod builds fill the side lane and they stay.
-WARM_SIDE_FILES = ("test_interval_checkpoints.py", "test_own_loop.py", "test_tf_own_fit.py", "test_tf_tape_loop.py")
+# about 220 s; test_shards_training.py (71 s) joined them when the lanes ended 128 s apart
+# (2026-11-27: main 1,509 s, side 1,381 s). On a cold machine set-up's two Horovod builds fill the
+# side lane and they stay.
+WARM_SIDE_FILES = ("test_interval_checkpoints.py", "test_own_loop.py", "test_tf_own_fit.py", "test_tf_tape_loop.py",
+                   "test_shards_training.py")
 LANE_VARIABLE = "HVDTRAIN_SIDE_LANE"
 
 
