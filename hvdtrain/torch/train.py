@@ -203,10 +203,9 @@ class Trainer(EpochTrainer):
                 "channels_last": self.channels_last}
 
     def _result_extras(self) -> dict:
-        normalised = data.input_normalization(self.train_ds) is not None and \
-            images.normalized_in_workers(self.train_ds)
         return {"cuda_math": self.cuda_math, "feeder_thread": self.feeder_thread,
-                "images_normalised_in": "decode workers" if normalised else "the step's process"}
+                "images_normalised_in": "decode workers" if images.normalized_in_workers(self.train_ds)
+                else "the step's process"}
 
     def _average_statistics(self) -> None:
         self.backend.average_buffers(self.raw_model)
