@@ -250,24 +250,33 @@ def test_the_torch_loader_reads_shards_in_the_shard_blocked_order(folder, tmp_pa
 
 
 def test_on_a_cpu_the_decode_workers_normalise_what_the_step_would_have(folder, tmp_path):
-    from torch.utils.data import TensorDataset
+    from torch.utils.data import TensorDataset, default_collate
 
+    from hvdtrain.config import TrainConfig
     from hvdtrain.torch import data, images
 
     out = str(tmp_path / "shards")
     shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    cfg = TrainConfig(num_workers=1, batch_size=4)
     for made in (lambda: data.SeededSamples(images.ShardImages(out, "train", images.val_augment(16)), 0),
                  lambda: data.SeededSamples(images.image_folder(f"{folder}/train", images.val_augment(16)), 0)):
         uint8, floats = made(), made()
         assert images.normalize_in_workers(floats) and not images.normalize_in_workers(floats)  # once
         assert images.normalized_in_workers(floats) and not images.normalized_in_workers(uint8)
-        x, y = uint8[3]
-        xf, yf = pickle.loads(pickle.dumps(floats))[3]  # as a worker receives the dataset
-        assert x.dtype == torch.uint8 and xf.dtype == torch.float32 and y == yf
-        on_device = images.to_model_input(x[None], data.input_normalization(uint8))[0]
-        assert torch.allclose(xf, on_device) and torch.equal(images.to_model_input(xf[None], (0, 1))[0], xf)
+        assert images.worker_collate(uint8) is None
+        # The workers' collate function: received with the dataset by the loader's workers.
+        collate = pickle.loads(pickle.dumps(data._loader(floats, cfg, batch_size=4).collate_fn))
+        assert isinstance(collate, images.NormalizedBatches)
+        samples = [uint8[i] for i in range(4)]
+        x, y = default_collate(samples)
+        xf, yf = collate(samples)
+        assert x.dtype == torch.uint8 and xf.dtype == torch.float32 and torch.equal(y, yf)
+        on_device = images.to_model_input(x, data.input_normalization(uint8))
+        assert torch.allclose(xf, on_device) and torch.equal(images.to_model_input(xf, (0, 1)), xf)
     users = TensorDataset(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4))
     assert not images.normalize_in_workers(users)  # a user's dataset is theirs
+    passed = images.NormalizedBatches(images.IMAGENET_NORMALIZATION)([(torch.ones(2), 1)])  # not an image: unchanged
+    assert torch.equal(passed[0], torch.ones(1, 2))
 
 
 def test_the_feeder_thread_runs_on_a_gpu_or_where_a_core_is_left_for_it():

@@ -297,6 +297,9 @@ def _loader(dataset, cfg, loader_class=DataLoader, **kwargs) -> DataLoader:
         if _device_columns(dataset):  # a user's tensors already on the GPU: nothing to pin or copy
             kwargs["pin_memory"] = False  # ("cannot pin 'torch.cuda.FloatTensor'", issue 46)
         return DataLoader(dataset, num_workers=0, **kwargs)
+    collate = images.worker_collate(dataset)
+    if collate is not None:
+        kwargs.setdefault("collate_fn", collate)
     return loader_class(dataset, num_workers=num_workers, multiprocessing_context=workers.worker_context(),
                         worker_init_fn=workers.init_worker, **kwargs)
 
