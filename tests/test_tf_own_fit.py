@@ -3,7 +3,8 @@
 tf_examples/keras_own_fit.py twice: the first run gets SIGUSR1 on rank 0 alone after its first
 epoch: every rank stops at the same batch (the vote) and rank 0 writes a checkpoint there. The
 second run resumes at that batch of that epoch, steps exactly the batches left, reaches >= 0.9
-validation accuracy, and both ranks end with equal weights.
+validation accuracy, and both ranks end with equal weights. tf_examples/keras_own_fit_images.py
+once: the same callbacks on JPEG files read by hvd.image_data.
 
 checkpoint_every= (tests/scripts/keras_own_fit_ordered.py, a user's fit whose data order and
 layers let a resume end with an uninterrupted run's very weights): a time interval agreed by the
@@ -67,6 +68,24 @@ def test_own_keras_fit_stops_on_sigusr1_resumes_and_trains(tmp_path):
     sums = checksums(second)
     assert len(sums) == 2 and sums["0"] == sums["1"], second[-3000:]
     assert "Traceback" not in first + second
+
+
+def test_own_keras_fit_on_image_files_read_by_hvdtrain(tmp_path):
+    """tf_examples/keras_own_fit_images.py under mpirun -np 2: a user's Keras model.fit on JPEG
+    files through hvd.image_data (the trainer's order and crops: tests/test_tf_trainer.py compares
+    the batches), rank 0's checkpoint each epoch, every validation image scored once (25 of the 50
+    on rank 0), the same weights on both ranks."""
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    root = write_digits_imagefolder(str(tmp_path / "jpeg"), per_class_train=20, per_class_val=5, fmt="jpeg")
+    ckpt_dir = str(tmp_path / "ckpt")
+    run = launch("mpirun", 2, [PYTHON, os.path.join(REPO, "tf_examples", "keras_own_fit_images.py"), "--data-dir", root,
+                               "--checkpoint-dir", ckpt_dir, "--epochs", "2"], timeout=180)
+    # 200 training images, 2 ranks x 16: 6 steps an epoch.
+    assert [os.path.basename(p) for p in list_checkpoints(ckpt_dir)][-1] == "ckpt-e0002-s00000012.npz", run.output[-3000:]
+    assert re.search(r"val_accuracy=[0-9.]+ \(25 samples on rank 0 of 2\)", run.output), run.output[-3000:]
+    sums = checksums(run.output)
+    assert len(sums) == 2 and sums["0"] == sums["1"] and "Traceback" not in run.output, run.output[-3000:]
 
 
 ORDERED = os.path.join(REPO, "tests", "scripts", "keras_own_fit_ordered.py")

@@ -278,6 +278,32 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path, da
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(batches(0, 0)[0], batches(1, 0)[0])
 
+    # A user's own model.fit (hvd.image_data): the trainer's batches of each epoch, in one dataset
+    # over the epochs, from the epoch a resume starts at; each validation image on exactly one rank.
+    from hvdtrain.errors import UsageError
+    from hvdtrain.tf.data import FitImages
+
+    def fit_images(rank, **kw):
+        return FitImages(root, image_size=12, batch_size=4, rank=rank, world_size=2, seed=3, epochs=2, threads=1, **kw)
+    images = fit_images(0)
+    steps = images.steps_per_epoch
+    assert steps == len(data.train_order(0, 0, 2, 3)) // 4 and images.classes == [str(c) for c in range(10)]
+    trainer = [(x.numpy(), y.numpy()) for epoch in (0, 1)
+               for x, y in data.train(epoch, 0, rank=0, world_size=2, steps=steps, batch_size=4, seed=3)]
+    for first in (0, 1):
+        given = [(x.numpy(), y.numpy()) for x, y in images.train(first)]
+        assert len(given) == (2 - first) * steps
+        for (x, y), (tx, ty) in zip(given, trainer[first * steps:]):
+            np.testing.assert_array_equal(x, tx)
+            np.testing.assert_array_equal(y, ty)
+    val = [np.concatenate([y.numpy() for _, y in fit_images(rank).val]) for rank in (0, 1)]
+    assert sum(map(len, val)) == data.val_size == images.val_samples + fit_images(1).val_samples
+    assert sorted(np.concatenate(val).tolist()) == sorted(int(data.load_val(i)[1]) for i in range(data.val_size))
+    with pytest.raises(UsageError, match="image_data\\(\\): data dir '/nonexistent' is not a directory"):
+        FitImages("/nonexistent", image_size=12, batch_size=4, rank=0, world_size=2, seed=3, epochs=2, threads=1)
+    with pytest.raises(UsageError, match="make no full batch of 1000"):
+        FitImages(root, image_size=12, batch_size=1000, rank=0, world_size=2, seed=3, epochs=2, threads=1)
+
 
 @pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_a_bad_image_file_is_named_in_one_line(tmp_path):

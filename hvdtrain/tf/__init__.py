@@ -6,7 +6,8 @@ hvdtrain.tf.train once hvdtrain.tf.keras_compat has chosen the Keras version.
 
 Your own Keras `model.fit`: `hvdtrain.tf.start()` first, then
 `model.fit(..., callbacks=hvdtrain.tf.callbacks(model, ...))` (hvdtrain/tf/keras_callbacks.py; loaded
-when first used, example tf_examples/keras_own_fit.py).
+when first used, example tf_examples/keras_own_fit.py); on image files, `hvd.image_data(...)` gives
+the trainer's pipeline as tf.data datasets for it (example tf_examples/keras_own_fit_images.py).
 
 Your own GradientTape loop: `job = hvdtrain.tf.start_tape_loop(seed=0)` first, then `job.resume`,
 `job.tape(tape)`, `job.dataset`, `job.step_done`, `job.should_stop`, `job.save`, `job.finish`

@@ -52,6 +52,7 @@ class TFData:
     threads: int = 1      # the rank's CPU threads: tf.data's own pool gets as many
     files: dict | None = None  # image files: {split: i -> (bytes, where)}, for bad_sample
     sample_shards: np.ndarray | None = None  # shards: each training sample's (see train_order)
+    classes: list | None = None  # image files: the class names, in label order
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -125,6 +126,65 @@ class TFData:
         else:
             ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(load)
         return ds.prefetch(PREFETCH_BATCHES).with_options(self.options())
+
+
+class FitImages:
+    """An image folder or shards read as hvdtrain's trainer reads them, for a user's own Keras
+    `model.fit` (hvdtrain.tf.start()'s `hvd.image_data`):
+
+        images = hvd.image_data(data_dir, image_size=224, batch_size=64, epochs=90)
+        model = build_model(len(images.classes)); model.compile(...)
+        callbacks = hvdtrain.tf.callbacks(model, checkpoint_dir="ckpt")
+        model.fit(images.train(callbacks.initial_epoch), steps_per_epoch=images.steps_per_epoch,
+                  epochs=90, initial_epoch=callbacks.initial_epoch, validation_data=images.val, ...)
+
+    `train(first_epoch)`: this rank's batches of every epoch from `first_epoch` on, in the
+    trainer's order (its share of each epoch's permutation; from shards a few shards' samples,
+    datasets.shard_blocked_order) with its crops (hvdtrain/augment.py: a function of seed, epoch and
+    sample, the windows torch and DALI take), as many full batches on every rank; one dataset
+    for all epochs (Keras keeps its iterator across epochs when given steps_per_epoch). `val`:
+    this rank's exact share of the validation images (each on one rank, none twice; Horovod's
+    MetricAverageCallback then averages the ranks' means, exact when the shares are equal, as
+    50,000 images on 8 ranks), or None without validation images. Images: normalised floats,
+    channels-last."""
+
+    def __init__(self, data_dir: str, *, image_size: int, batch_size: int, rank: int, world_size: int, seed: int,
+                 epochs: int, threads: int):
+        from types import SimpleNamespace
+
+        from hvdtrain.errors import UsageError
+
+        for name, value, least in (("image_size", image_size, 8), ("batch_size", batch_size, 1),
+                                   ("epochs", epochs, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise UsageError(f"image_data(): {name} must be an integer >= {least} (got {value!r})")
+        if not isinstance(data_dir, (str, os.PathLike)) or not os.path.isdir(data_dir):
+            raise UsageError(f"image_data(): data dir {data_dir!r} is not a directory")
+        data_dir = os.fspath(data_dir)
+        kind = "shards" if os.path.exists(os.path.join(data_dir, shards.MANIFEST)) else "imagefolder"
+        self.data = build_data(SimpleNamespace(dataset=kind, data_dir=data_dir, image_size=image_size), threads)
+        self.rank, self.world_size, self.seed, self.epochs = rank, world_size, seed, epochs
+        self.batch_size, self.threads = batch_size, threads
+        self.classes = list(self.data.classes)
+        self.steps_per_epoch = len(self.data.train_order(0, rank, world_size, seed)) // batch_size
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"image_data(): {self.data.train_size} training images make no full batch of "
+                             f"{batch_size} on each of {world_size} rank(s)")
+        self.val = self.data.val(rank, world_size, batch_size) if self.data.val_size else None
+        self.val_samples = len(self.data.val_order(rank, world_size))  # this rank's
+
+    def train(self, first_epoch: int = 0) -> tf.data.Dataset:
+        data, seed, n = self.data, self.seed, self.steps_per_epoch * self.batch_size
+
+        def epoch_samples(epoch):  # (sample, epoch) of this rank's share of the epoch, in the trainer's order
+            def order(e):
+                return data.train_order(int(e), self.rank, self.world_size, seed)[:n].astype(np.int64)
+            samples = tf.ensure_shape(tf.numpy_function(order, [epoch], tf.int64, stateful=False), [n])
+            return tf.data.Dataset.from_tensor_slices(samples).map(lambda i: (i, epoch))
+
+        return (tf.data.Dataset.range(first_epoch, max(self.epochs, first_epoch)).flat_map(epoch_samples)
+                .map(lambda i, e: data.load_train(i, (seed, e)), num_parallel_calls=self.threads)
+                .batch(self.batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES).with_options(data.options()))
 
 
 def build_data(cfg, threads: int = 1) -> TFData:
@@ -224,7 +284,7 @@ def _imagefolder(cfg, threads: int) -> TFData:
         loads[split] = _image_loader(lambda i, paths_t=paths_t: tf.io.read_file(paths_t[i]), labels,
                                      cfg.image_size, split == "train")
     return TFData(sizes["train"], sizes["val"], 3, len(classes), cfg.image_size, loads["train"], loads["val"],
-                  per_sample=True, threads=threads, files=files)
+                  per_sample=True, threads=threads, files=files, classes=classes)
 
 
 def _shards(cfg, threads: int) -> TFData:
@@ -241,4 +301,4 @@ def _shards(cfg, threads: int) -> TFData:
     files = {split: lambda i, reader=reader: (reader.read(i)[0], reader.where(i)) for split, reader in readers.items()}
     return TFData(len(readers["train"]), len(readers["val"]), 3, len(readers["train"].classes), cfg.image_size,
                   loads["train"], loads["val"], per_sample=True, threads=threads, files=files,
-                  sample_shards=readers["train"].index["shard"])
+                  sample_shards=readers["train"].index["shard"], classes=list(readers["train"].classes))

@@ -172,6 +172,21 @@ class Job:
                              f"{type(optimizer).__name__}")
 
     @exits_on_usage_error(PROG)
+    def image_data(self, data_dir: str, *, batch_size: int, epochs: int, image_size: int = 224):
+        """An image folder (train/ and val/ class folders) or shards (`python -m hvdtrain.shards`)
+        read as hvdtrain's trainer reads them, for `model.fit`: `.classes`, `.steps_per_epoch`,
+        `.train(callbacks.initial_epoch)` (this rank's batches of each epoch, cropped by hvdtrain's
+        rule: a resume reads what the uninterrupted run read), `.val` (this rank's exact share of
+        the validation images). hvdtrain/tf/data.py's FitImages."""
+        import tensorflow as tf
+
+        from hvdtrain.tf.data import FitImages
+
+        return FitImages(data_dir, image_size=image_size, batch_size=batch_size, rank=self.rank,
+                         world_size=self.world_size, seed=self.cfg.seed, epochs=epochs,
+                         threads=max(1, tf.config.threading.get_intra_op_parallelism_threads()))
+
+    @exits_on_usage_error(PROG)
     def callbacks(self, model, *, checkpoint_dir=None, checkpoint_every=None, warmup_epochs=0, scale_lr=True,
                   keep=3, stop_check_batches=10) -> Callbacks:
         keras = self.keras
