@@ -118,7 +118,7 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
     one before issue 48 (the whole image decoded, resized to a 1.14 x size square, cropped)."""
     import tensorflow as tf
 
-    from hvdtrain import datasets
+    from hvdtrain import augment, datasets
     from hvdtrain.tf import data as tf_data
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -137,7 +137,8 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
         image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
         return (image - mean) / std
 
-    now_graph = tf.function(lambda i: now(i, (7, 0))[0])
+    draws = tf.constant(augment.sample_draws(7, 0, range(len(blobs))))
+    now_graph = tf.function(lambda i: now(i, draws[i])[0])
     before_graph = tf.function(before)
     return {"TensorFlow before (whole image, 1.14 x size square, random crop), float32":
             (lambda i: before_graph(tf.constant(i, tf.int64)), len(blobs)),

@@ -5,8 +5,16 @@ window), resizes to size x size with its own filter and normalises with IMAGENET
 
 Training: torchvision's RandomResizedCrop rule (scale 0.08-1 of the area, aspect ratio 3/4-4/3,
 10 tries, else the centre crop at the nearest allowed ratio), then a horizontal flip with
-probability 1/2, both drawn from a generator seeded by (seed, epoch, sample index) alone: a run
-resumed in the middle of an epoch crops every remaining sample as an uninterrupted run would.
+probability 1/2, drawn from (seed, epoch, sample index) alone: a run resumed in the middle of an
+epoch crops every remaining sample as an uninterrupted run would. In two parts, so that
+TensorFlow computes the second in its own ops, with no call into Python per image:
+- `sample_draws(seed, epoch, indices)`: each sample's DRAWS numbers, none depending on the image
+  (10 tries' scale and aspect ratio, top and left as fractions, the flip), from a counter-based
+  hash (SplitMix64) of (seed, epoch, index, k), vectorised: microseconds a batch, not a generator
+  made per sample.
+- `window_from_draws(draws, height, width)`: the window, by arithmetic whose every step (products,
+  square roots, rounding half to even, comparisons, floors) IEEE 754 gives alike in numpy, Python
+  and TensorFlow: the same windows to the pixel (hvdtrain/tf/data.py's `_window_from_draws`).
 
 Validation: the shorter side resized to size x 256/224, the centre size x size taken (the
 ImageNet convention) - in the original image, the centre square of side 224/256 of the shorter
@@ -34,20 +42,44 @@ class Window(NamedTuple):
     flip: bool = False
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, index])
+DRAWS = 23  # a training sample's numbers: 10 tries x (scale, ratio), top, left, flip
+_TOP, _LEFT, _FLIP = 20, 21, 22
+_MASK = (1 << 64) - 1
 
 
-def random_resized_crop(rng: np.random.Generator, height: int, width: int) -> tuple[int, int, int, int]:
-    """(top, left, height, width) in pixels: torchvision's RandomResizedCrop.get_params."""
-    area = height * width
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (wrapping arithmetic): a well-mixed 64-bit hash."""
+    x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(_MASK)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def sample_draws(seed: int, epoch: int, indices) -> np.ndarray:
+    """(len(indices), DRAWS) float64: each training sample's draws (module docstring), uniform in
+    [0, 1) but the ratios, already exp(uniform log-ratio) within RATIO."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(_splitmix64(np.array([seed & _MASK], np.uint64)) ^ np.uint64(epoch & _MASK))
+        sample = _splitmix64(key ^ np.asarray(indices, np.int64).astype(np.uint64))
+        counters = sample[:, None] ^ (np.arange(1, DRAWS + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03))
+        draws = (_splitmix64(counters) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    draws[:, 0:20:2] = SCALE[0] + (SCALE[1] - SCALE[0]) * draws[:, 0:20:2]
     log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
-    for _ in range(10):
-        target = area * rng.uniform(*SCALE)
-        ratio = math.exp(rng.uniform(*log_ratio))
+    draws[:, 1:20:2] = np.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * draws[:, 1:20:2])
+    return draws
+
+
+def window_from_draws(draws, height: int, width: int) -> Window:
+    """(top, left, height, width, flip) in pixels: torchvision's RandomResizedCrop.get_params, its
+    numbers taken from one row of sample_draws."""
+    area = float(height * width)
+    for k in range(10):
+        target, ratio = area * float(draws[2 * k]), float(draws[2 * k + 1])
         w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
         if 0 < w <= width and 0 < h <= height:
-            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+            top = int(math.floor(float(draws[_TOP]) * (height - h + 1)))
+            left = int(math.floor(float(draws[_LEFT]) * (width - w + 1)))
+            return Window(top, left, h, w, bool(draws[_FLIP] < 0.5))
     in_ratio = width / height
     if in_ratio < RATIO[0]:
         w, h = width, int(round(width / RATIO[0]))
@@ -55,14 +87,12 @@ def random_resized_crop(rng: np.random.Generator, height: int, width: int) -> tu
         h, w = height, int(round(height * RATIO[1]))
     else:
         w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+    return Window((height - h) // 2, (width - w) // 2, h, w, bool(draws[_FLIP] < 0.5))
 
 
 def train_window(seed: int, epoch: int, index: int, height: int, width: int) -> Window:
     """Training sample `index`'s crop and flip in `epoch`, for an image of height x width."""
-    rng = sample_rng(seed, epoch, index)
-    top, left, h, w = random_resized_crop(rng, height, width)
-    return Window(top, left, h, w, bool(rng.integers(0, 2)))
+    return window_from_draws(sample_draws(seed, epoch, [index])[0], height, width)
 
 
 def val_window(height: int, width: int, size: int) -> Window:

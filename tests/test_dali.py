@@ -97,7 +97,9 @@ def test_crop_windows_follow_random_resized_crop_and_the_sample():
     assert 70 < flips < 130  # half of them flipped
     windows = {augment.train_window(42, epoch, 7, 375, 500) for epoch in range(5)}
     assert len(windows) == 5  # another epoch, another crop
-    assert augment.random_resized_crop(np.random.default_rng(0), 10, 1000)[3] == 13  # the centre-crop fallback
+    assert augment.train_window(0, 0, 0, 10, 1000)[:4] == (0, 493, 10, 13)  # the centre-crop fallback
+    # One sample's draws, alone (torch, DALI) or among a batch's (TensorFlow's pipeline).
+    np.testing.assert_array_equal(augment.sample_draws(42, 3, [7, 8, 9])[1], augment.sample_draws(42, 3, [8])[0])
     assert augment.val_window(375, 500, 224) == (23, 86, 328, 328, False)  # 224/256 of the shorter side, centred
 
 
@@ -157,7 +159,8 @@ if sys.argv[1] == "tensorflow":
     files = tf.constant(paths)
     for split, train in (("train", True), ("val", False)):
         load = data._image_loader(lambda i: tf.io.read_file(files[i]), [0] * len(paths), size, train)
-        out[split] = [np.transpose(load(tf.constant(i, tf.int64), (seed, epoch) if train else None)[0].numpy(),
+        draws = augment.sample_draws(seed, epoch, range(len(paths)))
+        out[split] = [np.transpose(load(tf.constant(i, tf.int64), tf.constant(draws[i]) if train else None)[0].numpy(),
                                    (2, 0, 1)) for i in range(len(paths))]
 else:
     import torch

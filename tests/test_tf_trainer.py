@@ -305,6 +305,28 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path, da
         FitImages(root, image_size=12, batch_size=1000, rank=0, world_size=2, seed=3, epochs=2, threads=1)
 
 
+def test_tensorflow_computes_the_windows_of_the_one_rule():
+    """hvdtrain/augment.py's windows computed in TensorFlow's ops (what its pipeline's map runs,
+    with no call into Python per image) are Python's, to the pixel: on ImageNet-like shapes and on
+    extreme ones, where the centre-crop fallback is taken."""
+    import tensorflow as tf
+
+    from hvdtrain import augment
+    from hvdtrain.tf.data import _window_from_draws
+
+    shapes = [(375, 500), (500, 375), (10, 1000), (1000, 10), (1, 1), (2, 3), (333, 500), (4000, 3000)]
+    window = tf.function(_window_from_draws)
+    draws = augment.sample_draws(5, 2, range(300))
+    fallbacks = 0
+    for i, row in enumerate(draws):
+        height, width = shapes[i % len(shapes)]
+        expected = augment.window_from_draws(row, height, width)
+        found = window(tf.constant(row), tf.constant(height), tf.constant(width)).numpy().tolist()
+        assert found == [*expected[:4], int(expected.flip)], (height, width, found, expected)
+        fallbacks += expected.height == height or expected.width == width
+    assert fallbacks >= 40  # the extreme shapes took the centre crop
+
+
 @pytest.mark.side_lane  # one rank, or mostly waiting: beside the others (tests/side_lane.py)
 def test_a_bad_image_file_is_named_in_one_line(tmp_path):
     """tf.data's error names an op, not a file: the rank that read a bad image ends the job with one

@@ -78,7 +78,8 @@ class TFData:
         """The first n training samples (images as the model takes them, labels), for trying a
         user's model and loss before the first step."""
         if self.per_sample:
-            pairs = [self.load_train(tf.constant(i, tf.int64), (0, 0)) for i in range(n)]
+            draws = augment.sample_draws(0, 0, range(n))
+            pairs = [self.load_train(tf.constant(i, tf.int64), tf.constant(draws[i])) for i in range(n)]
             return np.stack([x.numpy() for x, _ in pairs]), np.stack([y.numpy() for _, y in pairs])
         x, y = self.load_train(tf.range(n, dtype=tf.int64))
         return x.numpy(), y.numpy()
@@ -91,12 +92,11 @@ class TFData:
         """The epoch's batches from skip_steps up to steps (exclusive), in the epoch's order."""
         order = self.train_order(epoch, rank, world_size, seed)[skip_steps * batch_size:steps * batch_size]
         ds = tf.data.Dataset.from_tensor_slices(order)
-        load = self.load_train
         if self.per_sample:
             # Crops and flips a function of (seed, epoch, sample), not of a stream: a run resumed in
             # the middle of an epoch draws what the uninterrupted run drew (hvdtrain/augment.py).
-            load = lambda i: self.load_train(i, (seed, epoch))  # noqa: E731
-        return self._load(ds, load, batch_size, drop_remainder=True)
+            ds = with_draws(ds, seed, tf.constant(epoch, tf.int64))
+        return self._load(ds, self.load_train, batch_size, drop_remainder=True)
 
     def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
         return self._load(tf.data.Dataset.from_tensor_slices(self.val_order(rank, world_size)), self.load_val,
@@ -121,7 +121,7 @@ class TFData:
         return None
 
     def _load(self, ds, load, batch_size, drop_remainder):
-        if self.per_sample:  # image files: decoded in parallel by the rank's threads
+        if self.per_sample:  # image files: decoded in parallel by the rank's threads, in TensorFlow's ops alone
             ds = ds.map(load, num_parallel_calls=self.threads).batch(batch_size, drop_remainder=drop_remainder)
         else:
             ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(load)
@@ -176,14 +176,14 @@ class FitImages:
     def train(self, first_epoch: int = 0) -> tf.data.Dataset:
         data, seed, n = self.data, self.seed, self.steps_per_epoch * self.batch_size
 
-        def epoch_samples(epoch):  # (sample, epoch) of this rank's share of the epoch, in the trainer's order
+        def epoch_samples(epoch):  # (sample, its draws) of this rank's share of the epoch, in the trainer's order
             def order(e):
                 return data.train_order(int(e), self.rank, self.world_size, seed)[:n].astype(np.int64)
             samples = tf.ensure_shape(tf.numpy_function(order, [epoch], tf.int64, stateful=False), [n])
-            return tf.data.Dataset.from_tensor_slices(samples).map(lambda i: (i, epoch))
+            return with_draws(tf.data.Dataset.from_tensor_slices(samples), seed, epoch)
 
         return (tf.data.Dataset.range(first_epoch, max(self.epochs, first_epoch)).flat_map(epoch_samples)
-                .map(lambda i, e: data.load_train(i, (seed, e)), num_parallel_calls=self.threads)
+                .map(data.load_train, num_parallel_calls=self.threads)
                 .batch(self.batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES).with_options(data.options()))
 
 
@@ -231,39 +231,74 @@ def _list_files(root: str, classes: list[str]) -> tuple[list[str], list[int]]:
     return paths, labels
 
 
+DRAWS_PER_CALL = 256  # samples whose draws one call into Python makes (augment.sample_draws: vectorised)
+
+
+def with_draws(samples: tf.data.Dataset, seed: int, epoch) -> tf.data.Dataset:
+    """(i, draws) for each sample index i: hvdtrain/augment.py's numbers for its crop and flip,
+    made by numpy a few hundred samples a call, so that the map that decodes runs TensorFlow's ops
+    alone (a call into Python per image held the GIL: 0.36 ms an image, issue 48). `epoch`: an int64
+    tensor (one dataset for many epochs: FitImages)."""
+    def draws(indices, e):
+        return augment.sample_draws(seed, int(e), indices)
+
+    def batch_draws(indices):
+        found = tf.numpy_function(draws, [indices, epoch], tf.float64, stateful=False)
+        return indices, tf.ensure_shape(found, [None, augment.DRAWS])
+    return samples.batch(DRAWS_PER_CALL).map(batch_draws).unbatch()
+
+
+def _window_from_draws(draws, height, width):
+    """augment.window_from_draws in TensorFlow's ops: (top, left, height, width, flip) int32. The
+    same float64 operations (products, square roots, rounding half to even, floors), which IEEE
+    754 makes exact alike: the windows torch and DALI take, to the pixel (tests/test_dali.py)."""
+    f64 = tf.float64
+    image_h, image_w = tf.cast(height, f64), tf.cast(width, f64)
+    target, ratio = image_h * image_w * draws[0:20:2], draws[1:20:2]
+    w, h = tf.round(tf.sqrt(target * ratio)), tf.round(tf.sqrt(target / ratio))
+    fits = (w > 0) & (w <= image_w) & (h > 0) & (h <= image_h)
+    k = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)  # the first try that fits
+    w_k, h_k = w[k], h[k]
+    top, left = tf.floor(draws[20] * (image_h - h_k + 1)), tf.floor(draws[21] * (image_w - w_k + 1))
+    # No try fits: the centre crop at the nearest allowed ratio.
+    in_ratio = image_w / image_h
+    low, high = augment.RATIO
+    centre_w = tf.where(in_ratio > high, tf.round(image_h * high), image_w)
+    centre_h = tf.where(in_ratio < low, tf.round(image_w / low), image_h)
+    centre = tf.stack([tf.floor((image_h - centre_h) / 2), tf.floor((image_w - centre_w) / 2), centre_h, centre_w])
+    window = tf.where(tf.reduce_any(fits), tf.stack([top, left, h_k, w_k]), centre)
+    return tf.concat([tf.cast(window, tf.int32), tf.cast([draws[22] < 0.5], tf.int32)], 0)
+
+
 def _image_loader(read_bytes, labels, size: int, train: bool):
-    """load(i[, (seed, epoch)]) -> (normalised float image HWC, label) of sample i, whose file's
-    bytes read_bytes(i) gives as a tf.string. The window is hvdtrain's rule (hvdtrain/augment.py),
-    the one torch and DALI take; a JPEG is decoded only there (decode_and_crop_jpeg), other
-    formats whole, then cropped. Then a resize to size x size (bilinear, antialiased, as
-    torchvision's), the flip, the normalisation."""
+    """load(i[, draws]) -> (normalised float image HWC, label) of sample i, whose file's bytes
+    read_bytes(i) gives as a tf.string; training samples come with their draws (with_draws). The
+    window is hvdtrain's rule (hvdtrain/augment.py), the one torch and DALI take; a JPEG is decoded
+    only there (decode_and_crop_jpeg), other formats whole, then cropped. Then a resize to
+    size x size (bilinear, antialiased, as torchvision's), the flip, the normalisation."""
     labels_t = tf.constant(labels, dtype=tf.int64)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
-    def window(shape, key, i):
+    def window(shape, draws):
         height, width = shape[0], shape[1]
-        if not train:  # augment.val_window in TensorFlow's ops (nothing random: no call into Python)
-            short = tf.cast(tf.minimum(height, width), tf.float64)
-            side = tf.cast(tf.round(size * short / int(size * augment.VAL_RESIZE)), tf.int32)
-            side = tf.clip_by_value(side, 1, tf.minimum(height, width))
-            return tf.stack([(height - side) // 2, (width - side) // 2, side, side, 0])
+        if train:
+            return _window_from_draws(draws, height, width)
+        # augment.val_window in TensorFlow's ops
+        short = tf.cast(tf.minimum(height, width), tf.float64)
+        side = tf.cast(tf.round(size * short / int(size * augment.VAL_RESIZE)), tf.int32)
+        side = tf.clip_by_value(side, 1, tf.minimum(height, width))
+        return tf.stack([(height - side) // 2, (width - side) // 2, side, side, 0])
 
-        def rule(seed, epoch, index, h, w):  # numpy's generator: the windows torch and DALI draw
-            return np.array(augment.train_window(int(seed), int(epoch), int(index), int(h), int(w)), np.int32)
-        seed, epoch = key
-        found = tf.numpy_function(rule, [seed, epoch, i, height, width], tf.int32, stateful=False)
-        return tf.ensure_shape(found, [5])
-
-    def load(i, key=None):
+    def load(i, draws=None):
         data = read_bytes(i)
 
         def jpeg():
-            win = window(tf.io.extract_jpeg_shape(data), key, i)
+            win = window(tf.io.extract_jpeg_shape(data), draws)
             return tf.io.decode_and_crop_jpeg(data, win[:4], channels=3), win[4]
 
         def other():
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
-            win = window(tf.shape(image), key, i)
+            win = window(tf.shape(image), draws)
             return tf.image.crop_to_bounding_box(image, win[0], win[1], win[2], win[3]), win[4]
 
         image, flip = tf.cond(tf.io.is_jpeg(data), jpeg, other)
