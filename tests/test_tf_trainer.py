@@ -305,6 +305,38 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path, da
         FitImages(root, image_size=12, batch_size=1000, rank=0, world_size=2, seed=3, epochs=2, threads=1)
 
 
+def test_the_gpus_uint8_batches_normalised_in_the_step_are_the_maps_floats(tmp_path):
+    """A GPU's custom loop takes uint8 image batches (a quarter of the bytes through tf.data and
+    onto the device) and normalises them in the step (model_input): the same images as the CPU's
+    floats, normalised in the map, but for the rounding to uint8 after the resize. Which path runs
+    where: hvdtrain/tf/devices.py's uint8_input, a function a CPU runs."""
+    import tensorflow as tf
+
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.datasets import IMAGENET_STD, write_digits_imagefolder
+    from hvdtrain.tf import devices
+    from hvdtrain.tf.data import build_data, model_input
+
+    root = write_digits_imagefolder(str(tmp_path / "jpeg"), per_class_train=2, per_class_val=1, size=40, fmt="jpeg")
+    cfg = TrainConfig(framework="tf", model="mnist_cnn", dataset="imagefolder", data_dir=root, image_size=24)
+    floats, uint8 = build_data(cfg), build_data(cfg, uint8=True)
+    assert floats.input_normalization is None and uint8.input_normalization is not None
+    for split in ("train", "val"):
+        batches = [[(x, y) for x, y in (d.train(0, 0, 0, 1, 5, 4, 1) if split == "train" else d.val(0, 1, 4))]
+                   for d in (floats, uint8)]
+        for (xf, yf), (xu, yu) in zip(*batches):
+            assert xf.dtype == tf.float32 and xu.dtype == tf.uint8 and xu.shape == xf.shape
+            np.testing.assert_array_equal(yf.numpy(), yu.numpy())
+            # Within half a uint8 step of the resize's float value, in normalised units.
+            gap = np.abs(model_input(xu, uint8.input_normalization).numpy() - xf.numpy()).max()
+            assert gap <= 0.5 / 255 / min(IMAGENET_STD) + 1e-5, (split, gap)
+    assert np.array_equal(model_input(xf, uint8.input_normalization), xf)  # floats pass as they are
+    np.testing.assert_allclose(uint8.samples(2)[0], floats.samples(2)[0], atol=0.5 / 255 / min(IMAGENET_STD) + 1e-5)
+    gpu = "/physical_device:GPU:0"
+    assert devices.uint8_input(gpu, "custom") and not devices.uint8_input(gpu, "fit")
+    assert not devices.uint8_input("cpu", "custom") and devices.input_device(gpu) == "/gpu:0"
+
+
 def test_tensorflow_computes_the_windows_of_the_one_rule():
     """hvdtrain/augment.py's windows computed in TensorFlow's ops (what its pipeline's map runs,
     with no call into Python per image) are Python's, to the pixel: on ImageNet-like shapes and on
@@ -374,7 +406,9 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
     """Killed in the middle of an epoch on image shards (random crops and flips drawn per sample
     and epoch, stateless: from a folder too, test_image_augmentations_are_drawn_per_sample...)
     while rank 0 writes a checkpoint, resumed from the interval checkpoint before it, the run
-    ends with the weights of an uninterrupted one.
+    ends with the weights of an uninterrupted one. On the GPU's input path, forced on the CPU
+    (uint8 batches copied ahead to the device and normalised in the step; the CPU's own path, the
+    map's floats, is test_image_augmentations_are_drawn_per_sample...'s).
     ResNet-18: no dropout, whose TF draws come from a stream a checkpoint does not hold."""
     from hvdtrain import shards
     from hvdtrain.datasets import write_digits_imagefolder
@@ -388,7 +422,11 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
               "--threads-per-rank", "1", "--seed", "5", "--loop", "custom"]
     # Interval checkpoints every 3 steps, written in the background, and the epochs' ends.
     every = ["--checkpoint-every", "3", "--keep-checkpoints", "9"]
-    run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every], timeout=300)
+    gpu_input = {**base_env(), "HVDTRAIN_TEST_TF_UINT8_INPUT": "1"}  # hvdtrain/tf/devices.py's FORCE_UINT8_INPUT
+    result = str(tmp_path / "full.json")
+    run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every, "--result-json", result], timeout=300,
+           env=gpu_input)
+    assert load(result)["images_normalised_in"] == "the step, on the device"
     saved = sorted(os.listdir(tmp_path / "full"))
     assert saved == ["ckpt-e0000-s00000003-n000000000024.npz", "ckpt-e0001-s00000005.npz",  # every 3 steps (the
                      "ckpt-e0001-s00000006-n000000000008.npz", "ckpt-e0001-s00000009-n000000000032.npz",  # samples of
@@ -397,13 +435,13 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
     # node crash: no signal) while it writes a checkpoint after step 6's: its temporary file is
     # there. The previous checkpoint, in the middle of epoch 2, is whole and the rerun starts there.
     split = tmp_path / "split"
-    env = {**base_env(), "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
+    env = {**gpu_input, "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": "0.6"}
     proc = start_launch("mpirun", 2, TRAIN + common + ["--checkpoint-dir", str(split), *every], env=env)
     kill_rank0_while_writing(proc, split, lambda: (split / "ckpt-e0001-s00000006-n000000000008.npz").exists(), 240)
     newest = os.path.basename(latest_checkpoint(str(split)))
     assert newest in ("ckpt-e0001-s00000006-n000000000008.npz", "ckpt-e0001-s00000009-n000000000032.npz"), \
         os.listdir(split)  # mid-epoch 2
-    second = run_tf(common + ["--checkpoint-dir", str(split)], timeout=300)
+    second = run_tf(common + ["--checkpoint-dir", str(split)], timeout=300, env=gpu_input)
     assert "left by an interrupted checkpoint write" in second.output, second.output[-2000:]
     assert f"resumed from {split / newest}" in second.output, second.output[-2000:]
     full, split = _newest_weights(tmp_path / "full"), _newest_weights(tmp_path / "split")

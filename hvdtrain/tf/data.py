@@ -25,6 +25,7 @@ from hvdtrain import augment, datasets, shards
 
 
 
+IMAGENET_NORMALIZATION = (datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
 PREFETCH_BATCHES = 2  # the next batch is ready while a step runs, and one more for a slow file
 # How far ahead of the step being trained a pipeline error can come from: the prefetched batches,
 # the one being batched, the parallel map's elements in flight, and Keras fit's own prefetch.
@@ -53,6 +54,9 @@ class TFData:
     files: dict | None = None  # image files: {split: i -> (bytes, where)}, for bad_sample
     sample_shards: np.ndarray | None = None  # shards: each training sample's (see train_order)
     classes: list | None = None  # image files: the class names, in label order
+    # (mean, std) in [0, 1] units where the images come as uint8, to be normalised on the device
+    # by model_input (build_data's uint8); None: floats, normalised in the map already.
+    input_normalization: tuple | None = None
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -80,7 +84,8 @@ class TFData:
         if self.per_sample:
             draws = augment.sample_draws(0, 0, range(n))
             pairs = [self.load_train(tf.constant(i, tf.int64), tf.constant(draws[i])) for i in range(n)]
-            return np.stack([x.numpy() for x, _ in pairs]), np.stack([y.numpy() for _, y in pairs])
+            x = tf.stack([x for x, _ in pairs])
+            return model_input(x, self.input_normalization).numpy(), np.stack([y.numpy() for _, y in pairs])
         x, y = self.load_train(tf.range(n, dtype=tf.int64))
         return x.numpy(), y.numpy()
 
@@ -187,11 +192,24 @@ class FitImages:
                 .batch(self.batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES).with_options(data.options()))
 
 
-def build_data(cfg, threads: int = 1) -> TFData:
+def model_input(x, normalization):
+    """A batch as the model takes it: uint8 images (build_data's uint8) cast and normalised with
+    (mean, std), in one place, the step's device; other inputs as they are."""
+    if normalization is None or x.dtype != tf.uint8:
+        return x
+    mean, std = (np.asarray(v, np.float32) * 255 for v in normalization)
+    return (tf.cast(x, tf.float32) - mean) * (1 / std)
+
+
+def build_data(cfg, threads: int = 1, uint8: bool = False) -> TFData:
+    """cfg's dataset as tf.data pipelines. uint8: image files come as uint8 batches (a quarter of
+    the bytes through tf.data and onto the device), which the step normalises (model_input):
+    for a GPU's custom loop (hvdtrain/tf/devices.py's uint8_input); otherwise floats, normalised
+    in the pipeline's parallel map."""
     if cfg.dataset == "imagefolder":
-        return _imagefolder(cfg, threads)
+        return _imagefolder(cfg, threads, uint8)
     if cfg.dataset == "shards":
-        return _shards(cfg, threads)
+        return _shards(cfg, threads, uint8)
     if cfg.dataset == "digits":
         split = datasets.digits_split()
     else:
@@ -270,12 +288,13 @@ def _window_from_draws(draws, height, width):
     return tf.concat([tf.cast(window, tf.int32), tf.cast([draws[22] < 0.5], tf.int32)], 0)
 
 
-def _image_loader(read_bytes, labels, size: int, train: bool):
+def _image_loader(read_bytes, labels, size: int, train: bool, uint8: bool = False):
     """load(i[, draws]) -> (normalised float image HWC, label) of sample i, whose file's bytes
     read_bytes(i) gives as a tf.string; training samples come with their draws (with_draws). The
     window is hvdtrain's rule (hvdtrain/augment.py), the one torch and DALI take; a JPEG is decoded
     only there (decode_and_crop_jpeg), other formats whole, then cropped. Then a resize to
-    size x size (bilinear, antialiased, as torchvision's), the flip, the normalisation."""
+    size x size (bilinear, antialiased, as torchvision's), the flip, the normalisation; uint8: the
+    resized image rounded to uint8 (as torchvision's uint8 resize gives it), not normalised."""
     labels_t = tf.constant(labels, dtype=tf.int64)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
@@ -304,11 +323,13 @@ def _image_loader(read_bytes, labels, size: int, train: bool):
         image, flip = tf.cond(tf.io.is_jpeg(data), jpeg, other)
         image = tf.image.resize(tf.cast(image, tf.float32), [size, size], antialias=True)
         image = tf.cond(flip > 0, lambda: tf.image.flip_left_right(image), lambda: image)
+        if uint8:
+            return tf.saturate_cast(tf.round(image), tf.uint8), labels_t[i]
         return (image / 255.0 - mean) / std, labels_t[i]
     return load
 
 
-def _imagefolder(cfg, threads: int) -> TFData:
+def _imagefolder(cfg, threads: int, uint8: bool) -> TFData:
     classes = datasets.check_imagefolder(cfg.data_dir)
     files, loads, sizes = {}, {}, {}
     for split in ("train", "val"):
@@ -317,12 +338,13 @@ def _imagefolder(cfg, threads: int) -> TFData:
         files[split] = lambda i, paths=paths: (datasets.read_image_file(paths[i]), paths[i])
         sizes[split] = len(paths)
         loads[split] = _image_loader(lambda i, paths_t=paths_t: tf.io.read_file(paths_t[i]), labels,
-                                     cfg.image_size, split == "train")
+                                     cfg.image_size, split == "train", uint8)
     return TFData(sizes["train"], sizes["val"], 3, len(classes), cfg.image_size, loads["train"], loads["val"],
-                  per_sample=True, threads=threads, files=files, classes=classes)
+                  per_sample=True, threads=threads, files=files, classes=classes,
+                  input_normalization=IMAGENET_NORMALIZATION if uint8 else None)
 
 
-def _shards(cfg, threads: int) -> TFData:
+def _shards(cfg, threads: int, uint8: bool) -> TFData:
     """Tar shards written by python -m hvdtrain.shards: each sample read at its offset (and checked
     against its CRC-32) by the ShardReader that hvdtrain.torch uses, inside tf.data's map, whose
     threads read and decode in parallel (os.pread releases the GIL)."""
@@ -332,8 +354,9 @@ def _shards(cfg, threads: int) -> TFData:
         def read_bytes(i, reader=reader):
             data = tf.numpy_function(lambda j: reader.read(int(j))[0], [i], tf.string, stateful=False)
             return tf.ensure_shape(data, [])
-        loads[split] = _image_loader(read_bytes, reader.labels, cfg.image_size, split == "train")
+        loads[split] = _image_loader(read_bytes, reader.labels, cfg.image_size, split == "train", uint8)
     files = {split: lambda i, reader=reader: (reader.read(i)[0], reader.where(i)) for split, reader in readers.items()}
     return TFData(len(readers["train"]), len(readers["val"]), 3, len(readers["train"].classes), cfg.image_size,
                   loads["train"], loads["val"], per_sample=True, threads=threads, files=files,
-                  sample_shards=readers["train"].index["shard"], classes=list(readers["train"].classes))
+                  sample_shards=readers["train"].index["shard"], classes=list(readers["train"].classes),
+                  input_normalization=IMAGENET_NORMALIZATION if uint8 else None)

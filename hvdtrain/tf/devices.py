@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import os
+
 from hvdtrain.cluster import gpu_for_rank
+
+# The GPU's input path on a CPU, for the test suite (no GPU reaches CI): uint8 batches, copied
+# ahead to the (host) device, normalised in the step.
+FORCE_UINT8_INPUT = "HVDTRAIN_TEST_TF_UINT8_INPUT"
 
 
 def tf_variable(v) -> tf.Variable:
@@ -25,3 +31,17 @@ def pin_gpu(local_rank: int, local_world_size: int) -> str:
     tf.config.set_visible_devices(gpu, "GPU")
     tf.config.experimental.set_memory_growth(gpu, True)  # do not take the whole GPU up front
     return gpu.name
+
+
+def uint8_input(device: str, loop: str) -> bool:
+    """Whether the trainer's image batches come as uint8, are copied to the device ahead of the
+    step and normalised there (hvdtrain/tf/data.py's model_input): on a GPU, under the custom loop
+    (Keras fit runs its own step, which does not normalise). On a CPU the parallel map normalises:
+    there is no bus to spare bytes on, and the step would do in series what the map's threads do
+    in parallel."""
+    return loop == "custom" and (device != "cpu" or os.environ.get(FORCE_UINT8_INPUT) == "1")
+
+
+def input_device(device: str) -> str:
+    """Where prefetch_to_device copies the next batches: the rank's GPU, or the host."""
+    return "/gpu:0" if device != "cpu" else "/cpu:0"

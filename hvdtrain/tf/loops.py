@@ -17,6 +17,7 @@ import tensorflow as tf
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import tf_split_requested
 from hvdtrain.schedule import lr_factor
+from hvdtrain.tf.data import model_input
 from hvdtrain.tf.devices import tf_variable
 
 
@@ -81,9 +82,11 @@ class CustomLoop:
         sources = [tf_variable(v) for v in model.trainable_variables]
         self.split = tf_split_requested() and backend.device == "cpu"
 
+        normalization = trainer.input_normalization  # uint8 images, normalised here (tf/data.py model_input)
+
         def gradients(x, y, reduce_in_tape):
             with tf.GradientTape() as tape:
-                logits = model(x, training=True)
+                logits = model(model_input(x, normalization), training=True)
                 stats, loss = step_stats(y, logits, user_loss)
                 if decay:
                     loss += l2_penalty(model.trainable_variables, decay)

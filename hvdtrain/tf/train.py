@@ -23,8 +23,8 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import BadSample
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
-from hvdtrain.tf import npz_checkpoint
-from hvdtrain.tf.data import READ_AHEAD_BATCHES
+from hvdtrain.tf import devices, npz_checkpoint
+from hvdtrain.tf.data import READ_AHEAD_BATCHES, model_input
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.workload import TFWorkload, from_config
 from hvdtrain.trainer import EpochTrainer
@@ -95,7 +95,10 @@ class Trainer(EpochTrainer):
                 raise UsageError(f"fit() was given other data on other ranks (checksums {ranks}): every rank must "
                                  "pass the same samples in the same order (hvdtrain shards and shuffles them itself; "
                                  "an unseeded shuffle before fit() gives each rank its own order)")
-        self.data = self.workload.data(self.threads)
+        # A GPU's custom loop: uint8 images copied ahead to the device and normalised there.
+        self.uint8_input = devices.uint8_input(self.backend.device, self.cfg.loop)
+        self.data = self.workload.data(self.threads, uint8=self.uint8_input)
+        self.input_normalization = self.data.input_normalization  # the step's (tf/data.py model_input)
         self.sample_unit = self.workload.sample_unit
         self.data_threads: dict = {}  # tf.data's pools, read off the training pipeline
         return self.data.train_size, self.data.val_size
@@ -110,8 +113,10 @@ class Trainer(EpochTrainer):
             self.model = self.workload.build_model(keras, d)
             self.loop = make_loop(cfg, keras, self.model, b, self, self.workload.loss)
         loss = self.workload.loss
-        self._eval_step = tf.function(lambda x, y: step_stats(y, self.model(x, training=False), loss)[0],
-                                      reduce_retracing=True)
+        normalization = self.input_normalization
+        self._eval_step = tf.function(
+            lambda x, y: step_stats(y, self.model(model_input(x, normalization), training=False), loss)[0],
+            reduce_retracing=True)
 
     def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
         # Horovod: every rank starts from rank 0's weights and optimizer state. Horovod's examples
@@ -166,7 +171,9 @@ class Trainer(EpochTrainer):
     def _result_extras(self) -> dict:
         # What "threads per rank" meant here: every pool this rank's TensorFlow runs on.
         threading = tf.config.threading
-        return {"keras": f"{self.keras.__name__} {self.keras.__version__}",
+        images = ("the step, on the device" if self.input_normalization is not None
+                  else "the tf.data map" if self.data.per_sample else None)
+        return {"keras": f"{self.keras.__name__} {self.keras.__version__}", "images_normalised_in": images,
                 "tf_threads": {"intra_op": threading.get_intra_op_parallelism_threads(),
                                "inter_op": threading.get_inter_op_parallelism_threads(),
                                **self.data_threads}}
@@ -181,6 +188,8 @@ class Trainer(EpochTrainer):
         dataset = self.data.train(at.epoch, at.step_in_epoch, self.rank, self.world_size,
                                   at.step_in_epoch + steps, cfg.batch_size, cfg.seed)
         pools = dataset.options().threading  # as the pipeline really runs, for the result file
+        if self.uint8_input:  # the next batches copied to the device while a step runs (the last stage)
+            dataset = dataset.apply(tf.data.experimental.prefetch_to_device(devices.input_device(self.backend.device)))
         self.data_threads = {"tf_data_private_pool": pools.private_threadpool_size,
                              "tf_data_max_intra_op": pools.max_intra_op_parallelism}
         # The loop calls self.before_step() and self.step_done(stats) for each step.

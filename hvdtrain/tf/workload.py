@@ -30,7 +30,7 @@ READ_BATCH = 4096  # a tf.data.Dataset is read into arrays this many elements at
 
 @dataclasses.dataclass
 class TFWorkload:
-    data: Callable[[int], object]             # rank's threads -> hvdtrain.tf.data.TFData
+    data: Callable[..., object]   # (rank's threads, uint8=False) -> hvdtrain.tf.data.TFData (build_data's uint8)
     build_model: Callable[[object, object], object]  # (keras, TFData) -> a Keras model, built
     loss: Callable | None = None              # loss(y_true, y_pred) (Keras' order); None: cross-entropy
     fingerprint: str | None = None            # of the data given to fit(): every rank must have the same
@@ -55,12 +55,12 @@ def from_config(cfg) -> TFWorkload:
     else:
         def build(keras, d):
             return build_model(keras, cfg.model, d.in_channels, d.num_classes, d.image_size)
-    return TFWorkload(data=lambda threads: build_data(cfg, threads), build_model=build, loss=loss)
+    return TFWorkload(data=lambda threads, uint8=False: build_data(cfg, threads, uint8), build_model=build, loss=loss)
 
 
 def given(model, model_name: str, train: tuple, val: tuple | None, loss) -> TFWorkload:
     """fit()'s workload: its model (or model function), its arrays (as_arrays) and loss."""
-    def data(threads):
+    def data(threads, uint8=False):  # arrays: as given
         from hvdtrain.tf.data import arrays_data
 
         return arrays_data(train, val, threads)
