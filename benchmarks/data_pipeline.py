@@ -112,10 +112,15 @@ def pipelines(folder: str, shards_dir: str, size: int) -> dict:
     return table
 
 
+TF_BATCH = 32
+
+
 def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
-    """TensorFlow's per-sample function as hvdtrain.tf's tf.data map runs it (a graph, one thread),
-    today's (hvdtrain/tf/data.py: only the window decoded, hvdtrain/augment.py's rule) and the
-    one before issue 48 (the whole image decoded, resized to a 1.14 x size square, cropped)."""
+    """TensorFlow's per-sample function in a tf.data pipeline as hvdtrain.tf runs it (a map on one
+    thread, batches of TF_BATCH): today's (hvdtrain/tf/data.py: only the window decoded,
+    hvdtrain/augment.py's rule), as floats (a CPU's) and as uint8 (a GPU's, normalised on the
+    device, as torch's rows here are uint8), and the one before issue 48 (the whole image decoded,
+    resized to a 1.14 x size square, cropped)."""
     import tensorflow as tf
 
     from hvdtrain import augment, datasets
@@ -124,8 +129,8 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     files = tf.constant(blobs)
-    now = tf_data._image_loader(lambda i: files[i], [0] * len(blobs), size, True)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
+    draws = tf.constant(augment.sample_draws(7, 0, range(len(blobs))))
 
     def before(i):
         image = tf.io.decode_image(files[i], channels=3, expand_animations=False)
@@ -137,13 +142,20 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
         image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
         return (image - mean) / std
 
-    draws = tf.constant(augment.sample_draws(7, 0, range(len(blobs))))
-    now_graph = tf.function(lambda i: now(i, draws[i])[0])
-    before_graph = tf.function(before)
-    return {"TensorFlow before (whole image, 1.14 x size square, random crop), float32":
-            (lambda i: before_graph(tf.constant(i, tf.int64)), len(blobs)),
-            "TensorFlow now (decode_and_crop_jpeg of hvdtrain's window), float32":
-            (lambda i: now_graph(tf.constant(i, tf.int64)), len(blobs))}
+    def now(uint8):
+        load = tf_data._image_loader(lambda i: files[i], [0] * len(blobs), size, True, uint8=uint8)
+        return lambda i: load(i, draws[i])[0]
+
+    options = tf_data.TFData(0, 0, None, None, None, None, None, True, threads=1).options()
+
+    def batches(function):
+        ds = tf.data.Dataset.range(len(blobs)).repeat().map(function, num_parallel_calls=1).batch(TF_BATCH)
+        iterator = iter(ds.prefetch(1).with_options(options))
+        return lambda i: next(iterator), len(blobs), TF_BATCH
+
+    return {"TensorFlow before (whole image, 1.14 x size square, random crop), float32": batches(before),
+            "TensorFlow now (decode_and_crop_jpeg of hvdtrain's window), float32 (a CPU's)": batches(now(False)),
+            "TensorFlow now, uint8 (a GPU's)": batches(now(True))}
 
 
 def per_core(table: dict, repeats: int, seconds: float) -> dict:
