@@ -8,8 +8,8 @@ too small to matter (pooled to 8x8, one dense layer).
     python benchmarks/tf_data_training.py --images 3072 --repeats 3
 
 Both runs are the same trainer, shards, order, ranks and threads; the "before" run swaps
-hvdtrain/tf/data.py's `_image_loader` for the earlier function (kept below, as it was) before the
-trainer starts. Each repeat runs both in turn (a noisy spell hits both); medians and their ratio
+hvdtrain/tf/data.py's `_image_loader` for the earlier function (kept below, as it was) and reads
+each shard member by a call of its own, as it did, before the trainer starts. Each repeat runs both in turn (a noisy spell hits both); medians and their ratio
 are printed.
 """
 from __future__ import annotations
@@ -46,8 +46,8 @@ def loader_before_issue_48(read_bytes, labels, size: int, train: bool, uint8: bo
     labels_t = tf.constant(labels, dtype=tf.int64)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
 
-    def load(i, draws=None):
-        image = tf.io.decode_image(read_bytes(i), channels=3, expand_animations=False)
+    def load(i, draws=None, data=None):
+        image = tf.io.decode_image(read_bytes(i) if data is None else data, channels=3, expand_animations=False)
         image = tf.image.convert_image_dtype(image, tf.float32)
         image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
         if train:
@@ -70,6 +70,13 @@ def rank_main(pipeline: str, argv: list[str]) -> None:
         from hvdtrain.tf import data
 
         data._image_loader = loader_before_issue_48
+        build_data = data.build_data
+
+        def build_data_before(*args, **kwargs):  # each shard member read by a call of its own, as before
+            built = build_data(*args, **kwargs)
+            built.read_many = None
+            return built
+        data.build_data = build_data_before
     from hvdtrain.tf.cli import main
 
     main(argv)

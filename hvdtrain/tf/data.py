@@ -28,8 +28,10 @@ from hvdtrain import augment, datasets, shards
 IMAGENET_NORMALIZATION = (datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
 PREFETCH_BATCHES = 2  # the next batch is ready while a step runs, and one more for a slow file
 # How far ahead of the step being trained a pipeline error can come from: the prefetched batches,
-# the one being batched, the parallel map's elements in flight, and Keras fit's own prefetch.
+# the one being batched, the parallel map's elements in flight, and Keras fit's own prefetch; and
+# the chunk of shard members read in one call (READ_PER_CALL samples, TFData.read_many).
 READ_AHEAD_BATCHES = PREFETCH_BATCHES + 4
+READ_PER_CALL = 64
 
 
 def op_error_reason(err: tf.errors.OpError) -> str:
@@ -57,6 +59,9 @@ class TFData:
     # (mean, std) in [0, 1] units where the images come as uint8, to be normalised on the device
     # by model_input (build_data's uint8); None: floats, normalised in the map already.
     input_normalization: tuple | None = None
+    # Shards: {split: indices -> their members' bytes}, read READ_PER_CALL samples a call into Python
+    # (one call per sample cost about 0.1 ms more an image); None: load(i) reads each file itself.
+    read_many: dict | None = None
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -101,10 +106,10 @@ class TFData:
             # Crops and flips a function of (seed, epoch, sample), not of a stream: a run resumed in
             # the middle of an epoch draws what the uninterrupted run drew (hvdtrain/augment.py).
             ds = with_draws(ds, seed, tf.constant(epoch, tf.int64))
-        return self._load(ds, self.load_train, batch_size, drop_remainder=True)
+        return self._load(ds, "train", batch_size, drop_remainder=True)
 
     def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
-        return self._load(tf.data.Dataset.from_tensor_slices(self.val_order(rank, world_size)), self.load_val,
+        return self._load(tf.data.Dataset.from_tensor_slices(self.val_order(rank, world_size)), "val",
                           batch_size, drop_remainder=False)
 
     def bad_sample(self, split: str, indices) -> str | None:
@@ -125,11 +130,27 @@ class TFData:
                 return f"cannot read image {where} ({op_error_reason(err)})"
         return None
 
-    def _load(self, ds, load, batch_size, drop_remainder):
-        if self.per_sample:  # image files: decoded in parallel by the rank's threads, in TensorFlow's ops alone
-            ds = ds.map(load, num_parallel_calls=self.threads).batch(batch_size, drop_remainder=drop_remainder)
+    def decoded(self, ds, split: str) -> tf.data.Dataset:
+        """Image files: each element of `ds` (i, or (i, draws) for training) loaded, in parallel by
+        the rank's threads, in TensorFlow's ops alone; a shard's bytes read beforehand, many
+        samples a call (read_many)."""
+        load = self.load_train if split == "train" else self.load_val
+        if self.read_many is None:
+            return ds.map(load, num_parallel_calls=self.threads)
+        read = self.read_many[split]
+
+        def with_bytes(*element):  # a chunk of indices (and their draws): their bytes too
+            data = tf.numpy_function(read, [element[0]], tf.string, stateful=False)
+            return (*element, tf.ensure_shape(data, [None]))
+        ds = ds.batch(READ_PER_CALL).map(with_bytes).unbatch()
+        return ds.map(lambda *element: load(*element[:-1], data=element[-1]), num_parallel_calls=self.threads)
+
+    def _load(self, ds, split, batch_size, drop_remainder):
+        if self.per_sample:  # image files
+            ds = self.decoded(ds, split).batch(batch_size, drop_remainder=drop_remainder)
         else:
-            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(load)
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
+                self.load_train if split == "train" else self.load_val)
         return ds.prefetch(PREFETCH_BATCHES).with_options(self.options())
 
 
@@ -187,8 +208,8 @@ class FitImages:
             samples = tf.ensure_shape(tf.numpy_function(order, [epoch], tf.int64, stateful=False), [n])
             return with_draws(tf.data.Dataset.from_tensor_slices(samples), seed, epoch)
 
-        return (tf.data.Dataset.range(first_epoch, max(self.epochs, first_epoch)).flat_map(epoch_samples)
-                .map(data.load_train, num_parallel_calls=self.threads)
+        return (data.decoded(tf.data.Dataset.range(first_epoch, max(self.epochs, first_epoch)).flat_map(epoch_samples),
+                             "train")
                 .batch(self.batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES).with_options(data.options()))
 
 
@@ -313,8 +334,9 @@ def _image_loader(read_bytes, labels, size: int, train: bool, uint8: bool = Fals
         side = tf.clip_by_value(side, 1, tf.minimum(height, width))
         return tf.stack([(height - side) // 2, (width - side) // 2, side, side, 0])
 
-    def load(i, draws=None):
-        data = read_bytes(i)
+    def load(i, draws=None, data=None):
+        if data is None:
+            data = read_bytes(i)
 
         def jpeg():
             win = window(tf.io.extract_jpeg_shape(data), draws)
@@ -363,7 +385,9 @@ def _shards(cfg, threads: int, uint8: bool) -> TFData:
             return tf.ensure_shape(data, [])
         loads[split] = _image_loader(read_bytes, reader.labels, cfg.image_size, split == "train", uint8)
     files = {split: lambda i, reader=reader: (reader.read(i)[0], reader.where(i)) for split, reader in readers.items()}
+    read_many = {split: lambda indices, reader=reader: np.array([reader.read(int(i))[0] for i in indices], object)
+                 for split, reader in readers.items()}
     return TFData(len(readers["train"]), len(readers["val"]), 3, len(readers["train"].classes), cfg.image_size,
                   loads["train"], loads["val"], per_sample=True, threads=threads, files=files,
                   sample_shards=readers["train"].index["shard"], classes=list(readers["train"].classes),
-                  input_normalization=IMAGENET_NORMALIZATION if uint8 else None)
+                  input_normalization=IMAGENET_NORMALIZATION if uint8 else None, read_many=read_many)

@@ -24,7 +24,7 @@ from hvdtrain.datasets import BadSample
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.tf import devices, npz_checkpoint
-from hvdtrain.tf.data import READ_AHEAD_BATCHES, model_input
+from hvdtrain.tf.data import READ_AHEAD_BATCHES, READ_PER_CALL, model_input
 from hvdtrain.tf.loops import make_loop, step_stats
 from hvdtrain.tf.workload import TFWorkload, from_config
 from hvdtrain.trainer import EpochTrainer
@@ -206,7 +206,7 @@ class Trainer(EpochTrainer):
         (from the batch after the last one used) alone, and end with one line naming the bad one.
         Any other error is raised as it was."""
         start = batches_done * self.cfg.batch_size
-        bad = self.data.bad_sample(split, order[start:start + READ_AHEAD_BATCHES * self.cfg.batch_size])
+        bad = self.data.bad_sample(split, order[start:start + READ_AHEAD_BATCHES * self.cfg.batch_size + READ_PER_CALL])
         if bad:
             raise BadSample(bad) from None
         raise err
