@@ -95,6 +95,19 @@ def train_window(seed: int, epoch: int, index: int, height: int, width: int) -> 
     return window_from_draws(sample_draws(seed, epoch, [index])[0], height, width)
 
 
+CROP_CHECK_SAMPLES = 16  # training images whose windows each trainer reports (crops_digest)
+
+
+def crops_digest(windows) -> str:
+    """A short digest of crop windows (top, left, height, width, flip): what each trainer reports
+    for the first CROP_CHECK_SAMPLES training images of epoch 0, computed by its own pipeline's
+    code (TensorFlow's in its ops), so that the comparison can say every backend took the same."""
+    import hashlib
+
+    text = ";".join(",".join(str(int(v)) for v in window) for window in windows)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def val_window(height: int, width: int, size: int) -> Window:
     """Validation's centre crop, in the original image's pixels (see the module's docstring)."""
     side = max(1, min(height, width, int(round(size * min(height, width) / int(size * VAL_RESIZE)))))

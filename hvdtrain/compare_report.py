@@ -41,7 +41,7 @@ def record_from_result(result: dict, path: str) -> dict:
             "epoch_seconds": last["elapsed_s"] / last["epoch"] if last.get("elapsed_s") and last.get("epoch") else None,
             "history": [{k: h.get(k) for k in ("epoch", "elapsed_s", "val_acc")} for h in result.get("history") or []],
             "horovod_build_flags": result.get("horovod_build_flags"), "versions": result.get("versions"),
-            "result_json": path}
+            "crops": result.get("crops"), "result_json": path}
 
 
 def time_to_accuracy(history: list[dict], target: float) -> float | None:
@@ -165,7 +165,8 @@ def reading(report: dict) -> list[str]:
     checks = report["parity"]["checks"]
     if checks:
         failed = [c for c in checks if not c["ok"]]
-        lines.append("Parity held: each pair's losses agree and the accuracies lie within the tolerance."
+        crops = " and every backend took the same crops of the image files" if any("crops" in c for c in checks) else ""
+        lines.append(f"Parity held: each pair's losses agree{crops}, and the accuracies lie within the tolerance."
                      if not failed else f"Parity FAILED in {len(failed)} of {len(checks)} check(s): see below.")
     return lines + stated_overhead_lines(report)
 
@@ -195,6 +196,11 @@ def parity(measurements: list[dict], nps: list[int], steps: int, loss_tol: float
                 spread = max(accs.values()) - min(accs.values())
                 checks.append({"accuracy": accs, "np": np, "spread": spread, "tolerance": acc_tol,
                                "ok": spread <= acc_tol})
+    crops = {f"{m['backend']} np {m['np']}": m["crops"]["digest"] for m in measurements
+             if "error" not in m and m.get("crops")}
+    if crops:  # image files: every backend's pipeline took the windows of hvdtrain's one rule
+        samples = next(m["crops"]["samples"] for m in measurements if "error" not in m and m.get("crops"))
+        checks.append({"crops": crops, "samples": samples, "ok": len(set(crops.values())) == 1})
     return {"checks": checks, "ok": all(c["ok"] for c in checks)}
 
 
@@ -251,6 +257,13 @@ def write_markdown(path: str, report: dict) -> None:
             lines.append(f"- {c['pair'][0]} vs {c['pair'][1]}, np {c['np']}: max |loss difference| over the first "
                          f"{c['steps_compared']} steps = {fmt(c['max_abs_loss_diff'], '.2e')} "
                          f"(tolerance {c['tolerance']:g}): {'ok' if c['ok'] else 'FAILED'}")
+        elif "crops" in c:
+            same = len(set(c["crops"].values())) == 1
+            lines.append(f"- crops: the windows of the first {c['samples']} training images, as each backend's own "
+                         f"pipeline computed them, "
+                         + (f"are the same in all {len(c['crops'])} runs (digest {next(iter(c['crops'].values()))}): "
+                            "every backend saw the same crops: ok" if same else
+                            f"differ: {c['crops']}: FAILED"))
         else:
             lines.append(f"- final accuracy at np {c['np']}: spread {c['spread']:.4f} (tolerance {c['tolerance']:g}) "
                          f"over {c['accuracy']}: {'ok' if c['ok'] else 'FAILED'}")

@@ -40,6 +40,29 @@ def test_parity_of_losses_and_accuracy():
     assert acc_check["spread"] == pytest.approx(0.07) and not acc_check["ok"]
 
 
+def test_every_backend_reports_the_crops_it_took_and_the_report_compares_them(tmp_path):
+    """On image files each trainer reports the digest of its first training images' windows, as its
+    own pipeline computed them (TensorFlow's in its ops): equal, the report says every backend saw
+    the same crops; one apart, the parity fails and names the runs."""
+    same = [{**run("horovod-torch", 2, 1.0), "crops": {"samples": 16, "digest": "d1"}},
+            {**run("ddp", 2, 1.0), "crops": {"samples": 16, "digest": "d1"}},
+            {**run("horovod-tf", 2, 1.0), "crops": {"samples": 16, "digest": "d1"}}]
+    report = parity(same, [2], steps=3, loss_tol=1e-5, acc_tol=0.01, check_accuracy=False)
+    assert report["ok"] and report["checks"][-1] == {"crops": {"horovod-torch np 2": "d1", "ddp np 2": "d1",
+                                                               "horovod-tf np 2": "d1"}, "samples": 16, "ok": True}
+    full = {"workload": {"name": "w"}, "backends": ["horovod-torch", "ddp", "horovod-tf"], "nps": [2], "repeats": 1,
+            "threads_per_rank": 1, "launcher": "mpirun", "environment": {"host": "h", "cpu_count": 2},
+            "summary": summarize(same, ["horovod-torch", "ddp", "horovod-tf"], [2], False), "measurements": same,
+            "parity": report}
+    assert "every backend took the same crops" in reading(full)[-1]
+    write_markdown(str(tmp_path / "c.md"), full)
+    assert "are the same in all 3 runs (digest d1): every backend saw the same crops: ok" in (tmp_path / "c.md").read_text()
+    apart = same[:2] + [{**same[2], "crops": {"samples": 16, "digest": "d2"}}]
+    report = parity(apart, [2], steps=3, loss_tol=1e-5, acc_tol=0.01, check_accuracy=False)
+    assert not report["ok"] and not report["checks"][-1]["ok"]
+    assert parity(same[:2] + [run("horovod-tf", 2, 1.0)], [2], 3, 1e-5, 0.01, False)["ok"]  # arrays: no crops
+
+
 def test_torchrun_runs_the_torch_only_backends():
     import os
     import subprocess

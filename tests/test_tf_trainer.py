@@ -272,6 +272,12 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path, da
     def batches(epoch, skip):
         return [x.numpy() for x, _ in data.train(epoch, skip, rank=0, world_size=2, steps=5, batch_size=4, seed=3)]
 
+    # The crops the comparison reports (PNG files: TensorFlow decodes them for their shapes): the torch trainer's.
+    from hvdtrain.torch import images as torch_images
+    torch_data = (torch_images.ShardImages(root, "train", None) if dataset == "shards"
+                  else torch_images.image_folder(f"{root}/train", None))
+    assert data.crops_check(3) == torch_images.crops_check(torch_data, 3) and data.crops_check(3)["samples"] == 16
+
     whole, resumed = batches(0, 0), batches(0, 3)
     assert len(whole) == 5 and len(resumed) == 2
     for a, b in zip(whole[3:], resumed):
@@ -331,6 +337,8 @@ def test_the_gpus_uint8_batches_normalised_in_the_step_are_the_maps_floats(tmp_p
             gap = np.abs(model_input(xu, uint8.input_normalization).numpy() - xf.numpy()).max()
             assert gap <= 0.5 / 255 / min(IMAGENET_STD) + 1e-5, (split, gap)
     assert np.array_equal(model_input(xf, uint8.input_normalization), xf)  # floats pass as they are
+    from hvdtrain.torch import images as torch_images  # JPEGs: TensorFlow reads their shapes from the header
+    assert floats.crops_check(3) == torch_images.crops_check(torch_images.image_folder(f"{root}/train", None), 3)
     np.testing.assert_allclose(uint8.samples(2)[0], floats.samples(2)[0], atol=0.5 / 255 / min(IMAGENET_STD) + 1e-5)
     gpu = "/physical_device:GPU:0"
     assert devices.uint8_input(gpu, "custom") and not devices.uint8_input(gpu, "fit")
@@ -427,6 +435,10 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
     run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every, "--result-json", result], timeout=300,
            env=gpu_input)
     assert load(result)["images_normalised_in"] == "the step, on the device"
+    # The windows TensorFlow's ops took from the first training images are the torch trainer's.
+    from hvdtrain.torch import images
+    torch_crops = images.crops_check(images.ShardImages(data, "train", None), 5)
+    assert load(result)["crops"] == torch_crops and torch_crops["samples"] == 16
     saved = sorted(os.listdir(tmp_path / "full"))
     assert saved == ["ckpt-e0000-s00000003-n000000000024.npz", "ckpt-e0001-s00000005.npz",  # every 3 steps (the
                      "ckpt-e0001-s00000006-n000000000008.npz", "ckpt-e0001-s00000009-n000000000032.npz",  # samples of

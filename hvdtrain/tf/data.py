@@ -112,6 +112,23 @@ class TFData:
         return self._load(tf.data.Dataset.from_tensor_slices(self.val_order(rank, world_size)), "val",
                           batch_size, drop_remainder=False)
 
+    def crops_check(self, seed: int) -> dict | None:
+        """The windows this pipeline's own code (_window_from_draws, TensorFlow's ops) takes from
+        the first augment.CROP_CHECK_SAMPLES training images in epoch 0, as {"samples", "digest"}
+        (augment.crops_digest): the torch trainer's reports the same where the crops are the
+        same. None without image files."""
+        if not self.files:
+            return None
+        samples = min(augment.CROP_CHECK_SAMPLES, self.train_size)
+        draws = augment.sample_draws(seed, 0, range(samples))
+        windows = []
+        for i in range(samples):
+            data = tf.constant(self.files["train"](i)[0])
+            shape = (tf.io.extract_jpeg_shape(data) if tf.io.is_jpeg(data)
+                     else tf.shape(tf.io.decode_image(data, channels=3, expand_animations=False)))
+            windows.append(_window_from_draws(tf.constant(draws[i]), shape[0], shape[1]).numpy().tolist())
+        return {"samples": samples, "digest": augment.crops_digest(windows)}
+
     def bad_sample(self, split: str, indices) -> str | None:
         """The first of these samples (of "train" or "val") whose file cannot be read or decoded, as
         one line naming it; None when all decode (or the data are not files). tf.data's error names

@@ -174,6 +174,7 @@ class Trainer(EpochTrainer):
         images = ("the step, on the device" if self.input_normalization is not None
                   else "the tf.data map" if self.data.per_sample else None)
         return {"keras": f"{self.keras.__name__} {self.keras.__version__}", "images_normalised_in": images,
+                "crops": self.data.crops_check(self.cfg.seed),  # the comparison's check
                 "tf_threads": {"intra_op": threading.get_intra_op_parallelism_threads(),
                                "inter_op": threading.get_inter_op_parallelism_threads(),
                                **self.data_threads}}

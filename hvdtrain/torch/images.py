@@ -193,6 +193,34 @@ def _inner(dataset):
     return dataset
 
 
+def crops_check(dataset, seed: int) -> dict | None:
+    """The windows hvdtrain's training crop (TrainCrop, and DALI's loader) takes from the first
+    augment.CROP_CHECK_SAMPLES images of `dataset` (a folder or shards of hvdtrain's) in epoch 0,
+    as {"samples", "digest"} (augment.crops_digest); None for other datasets. Image sizes from the
+    files' headers (PIL reads no pixels for them)."""
+    import io
+
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    inner = _inner(dataset)
+    if isinstance(inner, ShardImages):
+        read = lambda i: inner.reader.read(i)[0]  # noqa: E731
+    elif isinstance(inner, ImageFolder) and inner.loader is load_file:
+        read = lambda i: read_file(inner.samples[i][0])  # noqa: E731
+    else:
+        return None
+    samples = min(augment.CROP_CHECK_SAMPLES, len(inner))
+    windows = []
+    for i in range(samples):
+        try:
+            width, height = Image.open(io.BytesIO(read(i))).size
+        except (OSError, ValueError):  # a format PIL does not read (the trainer's decoder did): no check
+            return None
+        windows.append(augment.train_window(seed, 0, i, height, width))
+    return {"samples": samples, "digest": augment.crops_digest(windows)}
+
+
 def image_folder(root: str, transform):
     """torchvision's ImageFolder over `root`, decoding to uint8 (see module docstring)."""
     from torchvision import datasets as tv_datasets

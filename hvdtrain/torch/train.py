@@ -205,7 +205,8 @@ class Trainer(EpochTrainer):
     def _result_extras(self) -> dict:
         return {"cuda_math": self.cuda_math, "feeder_thread": self.feeder_thread,
                 "images_normalised_in": "decode workers" if images.normalized_in_workers(self.train_ds)
-                else "the step's process"}
+                else "the step's process",
+                "crops": images.crops_check(self.train_ds, self.cfg.seed)}  # the comparison's check
 
     def _average_statistics(self) -> None:
         self.backend.average_buffers(self.raw_model)
