@@ -25,7 +25,6 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 
-from hvdtrain import shards  # noqa: E402
 from hvdtrain.launch import launch_command, launch_env  # noqa: E402
 from hvdtrain.tuning import horovod_settings  # noqa: E402
 
@@ -58,12 +57,9 @@ def main(argv=None) -> None:
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
 
-    from data_pipeline import write_jpegs
+    from data_pipeline import jpeg_folder_and_shards
 
-    folder, shard_dir = os.path.join(args.out, "folder"), os.path.join(args.out, "shards")
-    kb = write_jpegs(folder, args.images)
-    if not os.path.exists(os.path.join(shard_dir, shards.MANIFEST)):
-        shards.write(shard_dir, *shards.imagefolder_sources(folder), progress=False)
+    folder, shard_dir, kb = jpeg_folder_and_shards(args.out, args.images)
     model = f"{os.path.abspath(__file__)}:tiny_model"
     mpirun = launch_command("mpirun", args.ranks)
     result = os.path.join(args.out, "result.json")

@@ -47,6 +47,18 @@ def write_jpegs(root: str, count: int, classes: int = 10) -> float:
     return sum(sizes) / len(sizes) / 1024
 
 
+def jpeg_folder_and_shards(out: str, count: int) -> tuple[str, str, float]:
+    """write_jpegs under out/folder and the same images as shards under out/shards (once):
+    (folder, shards directory, mean JPEG size in KB)."""
+    from hvdtrain import shards
+
+    folder, shard_dir = os.path.join(out, "folder"), os.path.join(out, "shards")
+    kb = write_jpegs(folder, count)
+    if not os.path.exists(os.path.join(shard_dir, shards.MANIFEST)):
+        shards.write(shard_dir, *shards.imagefolder_sources(folder), progress=False)
+    return folder, shard_dir, kb
+
+
 DALI_BATCH = 32
 
 

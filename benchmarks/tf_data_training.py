@@ -92,15 +92,11 @@ def main(argv=None) -> None:
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
 
-    from data_pipeline import write_jpegs
+    from data_pipeline import jpeg_folder_and_shards
 
-    from hvdtrain import shards
     from hvdtrain.launch import launch_command, launch_env
 
-    folder, shard_dir = os.path.join(args.out, "folder"), os.path.join(args.out, "shards")
-    kb = write_jpegs(folder, args.images)
-    if not os.path.exists(os.path.join(shard_dir, shards.MANIFEST)):
-        shards.write(shard_dir, *shards.imagefolder_sources(folder), progress=False)
+    _, shard_dir, kb = jpeg_folder_and_shards(args.out, args.images)
     result = os.path.join(args.out, "result.json")
     trainer = ["--model", f"{os.path.abspath(__file__)}:tiny_keras", "--dataset", "shards", "--data-dir", shard_dir,
                "--image-size", "224", "--batch-size", str(args.batch_size), "--epochs", "1", "--threads-per-rank", "1",
