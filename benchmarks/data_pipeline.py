@@ -124,6 +124,33 @@ def pipelines(folder: str, shards_dir: str, size: int) -> dict:
     return table
 
 
+def loader_before_issue_48(read_bytes, labels, size: int, train: bool, uint8: bool = False):
+    """hvdtrain/tf/data.py's _image_loader as it was before issue 48 (commit 28df670), its seed
+    made from the sample index: the whole image decoded, converted to float32, resized to a
+    1.14 x size square, then a random crop and flip (training) or the centre (validation). For the
+    per-core rows here and tf_data_training.py's "before" run."""
+    import tensorflow as tf
+
+    from hvdtrain import datasets
+
+    labels_t = tf.constant(labels, dtype=tf.int64)
+    mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
+
+    def load(i, draws=None, data=None):
+        image = tf.io.decode_image(read_bytes(i) if data is None else data, channels=3, expand_animations=False)
+        image = tf.image.convert_image_dtype(image, tf.float32)
+        image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
+        if train:
+            sample_seed = tf.stack([tf.constant(7, tf.int64), tf.cast(i, tf.int64)])
+            crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(sample_seed, 2))
+            image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
+            image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+        else:
+            image = tf.image.resize_with_crop_or_pad(image, size, size)
+        return (image - mean) / std, labels_t[i]
+    return load
+
+
 TF_BATCH = 32
 
 
@@ -135,24 +162,17 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
     resized to a 1.14 x size square, cropped)."""
     import tensorflow as tf
 
-    from hvdtrain import augment, datasets
+    from hvdtrain import augment
     from hvdtrain.tf import data as tf_data
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     files = tf.constant(blobs)
-    mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
     draws = tf.constant(augment.sample_draws(7, 0, range(len(blobs))))
+    before_load = loader_before_issue_48(lambda i: files[i], [0] * len(blobs), size, True)
 
     def before(i):
-        image = tf.io.decode_image(files[i], channels=3, expand_animations=False)
-        image = tf.image.convert_image_dtype(image, tf.float32)
-        image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
-        seed = tf.stack([tf.constant(7, tf.int64), i])
-        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
-        image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-        return (image - mean) / std
+        return before_load(i)[0]
 
     def now(uint8):
         load = tf_data._image_loader(lambda i: files[i], [0] * len(blobs), size, True, uint8=uint8)

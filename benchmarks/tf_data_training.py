@@ -8,7 +8,8 @@ too small to matter (pooled to 8x8, one dense layer).
     python benchmarks/tf_data_training.py --images 3072 --repeats 3
 
 Both runs are the same trainer, shards, order, ranks and threads; the "before" run swaps
-hvdtrain/tf/data.py's `_image_loader` for the earlier function (kept below, as it was) and reads
+hvdtrain/tf/data.py's `_image_loader` for the earlier function (data_pipeline.py's
+`loader_before_issue_48`, as it was) and reads
 each shard member by a call of its own, as it did, before the trainer starts. Each repeat runs both in turn (a noisy spell hits both); medians and their ratio
 are printed.
 """
@@ -35,32 +36,6 @@ def tiny_keras():
                              keras.layers.Flatten(), keras.layers.Dense(10)])
 
 
-def loader_before_issue_48(read_bytes, labels, size: int, train: bool, uint8: bool = False):
-    """hvdtrain/tf/data.py's _image_loader as it was before issue 48 (commit 28df670), its seed
-    made from the sample index: the whole image decoded, converted to float32, resized to a
-    1.14 x size square, then a random crop and flip (training) or the centre (validation)."""
-    import tensorflow as tf
-
-    from hvdtrain import datasets
-
-    labels_t = tf.constant(labels, dtype=tf.int64)
-    mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
-
-    def load(i, draws=None, data=None):
-        image = tf.io.decode_image(read_bytes(i) if data is None else data, channels=3, expand_animations=False)
-        image = tf.image.convert_image_dtype(image, tf.float32)
-        image = tf.image.resize(image, [int(size * 1.14), int(size * 1.14)])
-        if train:
-            sample_seed = tf.stack([tf.constant(7, tf.int64), tf.cast(i, tf.int64)])
-            crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(sample_seed, 2))
-            image = tf.image.stateless_random_crop(image, [size, size, 3], seed=crop_seed)
-            image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-        else:
-            image = tf.image.resize_with_crop_or_pad(image, size, size)
-        return (image - mean) / std, labels_t[i]
-    return load
-
-
 def rank_main(pipeline: str, argv: list[str]) -> None:
     """One rank: the trainer, with the earlier per-sample function where asked."""
     from hvdtrain.tf import keras_compat
@@ -68,6 +43,8 @@ def rank_main(pipeline: str, argv: list[str]) -> None:
     keras_compat.select("custom")  # before TensorFlow is imported, as the command line does
     if pipeline == "before":
         from hvdtrain.tf import data
+
+        from data_pipeline import loader_before_issue_48
 
         data._image_loader = loader_before_issue_48
         build_data = data.build_data

@@ -22,6 +22,7 @@ from hvdtrain.errors import UsageError
 DIGITS_VAL_SIZE = 397
 # ImageNet's channel statistics: imagefolder images are normalised with them in both frameworks.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMAGENET_NORMALIZATION = (IMAGENET_MEAN, IMAGENET_STD)  # (mean, std) in [0, 1] units, as datasets give it
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 

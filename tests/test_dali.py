@@ -164,14 +164,14 @@ if sys.argv[1] == "tensorflow":
                                    (2, 0, 1)) for i in range(len(paths))]
 else:
     import torch
-    from hvdtrain.torch import dali
+    from hvdtrain.torch import dali, images
     for split, train in (("train", True), ("val", False)):
         pipe, out[split] = dali._pipeline(train, size, 1, 1, torch.device("cpu")), []
         for i, path in enumerate(paths):
             encoded = np.fromfile(path, np.uint8)
             pipe.feed_input("files", [encoded])
             if train:
-                height, width = dali.image_shape(encoded.tobytes(), path)
+                height, width = images.image_shape(encoded.tobytes(), path)
                 top, left, h, w, flip = augment.train_window(seed, epoch, i, height, width)
                 pipe.feed_input("window", [np.array((top / height, left / width, h / height, w / width), np.float32)])
                 pipe.feed_input("mirror", [np.array(int(flip), np.int32)])

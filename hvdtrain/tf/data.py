@@ -25,7 +25,6 @@ from hvdtrain import augment, datasets, shards
 
 
 
-IMAGENET_NORMALIZATION = (datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
 PREFETCH_BATCHES = 2  # the next batch is ready while a step runs, and one more for a slow file
 # How far ahead of the step being trained a pipeline error can come from: the prefetched batches,
 # the one being batched, the parallel map's elements in flight, and Keras fit's own prefetch; and
@@ -151,7 +150,7 @@ class TFData:
         """Image files: each element of `ds` (i, or (i, draws) for training) loaded, in parallel by
         the rank's threads, in TensorFlow's ops alone; a shard's bytes read beforehand, many
         samples a call (read_many)."""
-        load = self.load_train if split == "train" else self.load_val
+        load = self._split_loader(split)
         if self.read_many is None:
             return ds.map(load, num_parallel_calls=self.threads)
         read = self.read_many[split]
@@ -162,12 +161,14 @@ class TFData:
         ds = ds.batch(READ_PER_CALL).map(with_bytes).unbatch()
         return ds.map(lambda *element: load(*element[:-1], data=element[-1]), num_parallel_calls=self.threads)
 
+    def _split_loader(self, split: str):
+        return self.load_train if split == "train" else self.load_val
+
     def _load(self, ds, split, batch_size, drop_remainder):
         if self.per_sample:  # image files
             ds = self.decoded(ds, split).batch(batch_size, drop_remainder=drop_remainder)
         else:
-            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
-                self.load_train if split == "train" else self.load_val)
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(self._split_loader(split))
         return ds.prefetch(PREFETCH_BATCHES).with_options(self.options())
 
 
@@ -207,7 +208,7 @@ class FitImages:
         kind = "shards" if os.path.exists(os.path.join(data_dir, shards.MANIFEST)) else "imagefolder"
         self.data = build_data(SimpleNamespace(dataset=kind, data_dir=data_dir, image_size=image_size), threads)
         self.rank, self.world_size, self.seed, self.epochs = rank, world_size, seed, epochs
-        self.batch_size, self.threads = batch_size, threads
+        self.batch_size = batch_size
         self.classes = list(self.data.classes)
         self.steps_per_epoch = len(self.data.train_order(0, rank, world_size, seed)) // batch_size
         if self.steps_per_epoch == 0:
@@ -387,13 +388,14 @@ def _imagefolder(cfg, threads: int, uint8: bool) -> TFData:
                                      cfg.image_size, split == "train", uint8)
     return TFData(sizes["train"], sizes["val"], 3, len(classes), cfg.image_size, loads["train"], loads["val"],
                   per_sample=True, threads=threads, files=files, classes=classes,
-                  input_normalization=IMAGENET_NORMALIZATION if uint8 else None)
+                  input_normalization=datasets.IMAGENET_NORMALIZATION if uint8 else None)
 
 
 def _shards(cfg, threads: int, uint8: bool) -> TFData:
     """Tar shards written by python -m hvdtrain.shards: each sample read at its offset (and checked
-    against its CRC-32) by the ShardReader that hvdtrain.torch uses, inside tf.data's map, whose
-    threads read and decode in parallel (os.pread releases the GIL)."""
+    against its CRC-32) by the ShardReader that hvdtrain.torch uses, READ_PER_CALL samples a call
+    into Python ahead of the parallel map that decodes them (read_many); load(i) alone (a model's
+    trial samples) reads one."""
     readers = {split: shards.ShardReader(cfg.data_dir, split) for split in ("train", "val")}
     loads = {}
     for split, reader in readers.items():
@@ -407,4 +409,4 @@ def _shards(cfg, threads: int, uint8: bool) -> TFData:
     return TFData(len(readers["train"]), len(readers["val"]), 3, len(readers["train"].classes), cfg.image_size,
                   loads["train"], loads["val"], per_sample=True, threads=threads, files=files,
                   sample_shards=readers["train"].index["shard"], classes=list(readers["train"].classes),
-                  input_normalization=IMAGENET_NORMALIZATION if uint8 else None, read_many=read_many)
+                  input_normalization=datasets.IMAGENET_NORMALIZATION if uint8 else None, read_many=read_many)

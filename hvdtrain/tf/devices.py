@@ -1,9 +1,9 @@
 """TensorFlow device and variable helpers shared by the TF backends and loops."""
 from __future__ import annotations
 
-import tensorflow as tf
-
 import os
+
+import tensorflow as tf
 
 from hvdtrain.cluster import gpu_for_rank
 

@@ -19,7 +19,6 @@ region), resizing (its filters, not torchvision's: the pixels differ slightly fr
 """
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import torch
@@ -48,33 +47,15 @@ class EncodedImages:
     """hvdtrain's image datasets (a folder, shards) as (file bytes, label) by index, undecoded."""
 
     def __init__(self, dataset):
-        from torchvision.datasets import ImageFolder
-
         seeded = isinstance(dataset, data.SeededSamples)
         inner, self.seed = (dataset.dataset, dataset.seed) if seeded else (dataset, 0)
-        if isinstance(inner, images.ShardImages):
-            self.read, self.where = inner.reader.read, inner.reader.where
-        elif isinstance(inner, ImageFolder) and inner.loader is images.load_file:
-            samples = inner.samples
-            self.read = lambda i: (images.read_file(samples[i][0]), samples[i][1])
-            self.where = lambda i: samples[i][0]
-        else:
+        found = images.encoded_samples(inner)
+        if found is None:
             raise UsageError("--loader dali reads image files: --dataset imagefolder or --dataset shards")
-        self.length = len(inner)
+        self.read, self.where, self.length = found
 
     def __len__(self):
         return self.length
-
-
-def image_shape(data: bytes, where: str) -> tuple[int, int]:
-    """(height, width) from the file's header alone."""
-    from PIL import Image
-
-    try:
-        width, height = Image.open(io.BytesIO(data)).size
-    except Exception as err:  # noqa: BLE001 - PIL raises many kinds for a bad header
-        raise datasets.BadSample(f"cannot read image {where} ({type(err).__name__}: {err})") from None
-    return height, width
 
 
 # ---------------------------------------------------------------------------------------- the pipelines
@@ -162,7 +143,7 @@ class DaliLoader:
             files.append(np.frombuffer(data, dtype=np.uint8))
             labels.append(label)
             if self.train:  # hvdtrain's rule (hvdtrain/augment.py), relative to the image's size
-                height, width = image_shape(data, self.source.where(i))
+                height, width = images.image_shape(data, self.source.where(i))
                 top, left, h, w, flip = augment.train_window(self.source.seed, self.epoch, i, height, width)
                 windows.append(np.array((top / height, left / width, h / height, w / width), np.float32))
                 mirrors.append(np.array(int(flip), np.int32))

@@ -130,7 +130,7 @@ def to_model_input(x: torch.Tensor, normalization, channels_last: bool = False) 
     return x
 
 
-IMAGENET_NORMALIZATION = (datasets.IMAGENET_MEAN, datasets.IMAGENET_STD)
+IMAGENET_NORMALIZATION = datasets.IMAGENET_NORMALIZATION
 
 
 class NormalizedBatches:
@@ -193,29 +193,47 @@ def _inner(dataset):
     return dataset
 
 
-def crops_check(dataset, seed: int) -> dict | None:
-    """The windows hvdtrain's training crop (TrainCrop, and DALI's loader) takes from the first
-    augment.CROP_CHECK_SAMPLES images of `dataset` (a folder or shards of hvdtrain's) in epoch 0,
-    as {"samples", "digest"} (augment.crops_digest); None for other datasets. Image sizes from the
-    files' headers (PIL reads no pixels for them)."""
-    import io
-
-    from PIL import Image
+def encoded_samples(dataset):
+    """(read, where, length) of hvdtrain's own image datasets (a folder, shards; wrapped or not):
+    read(i) -> (the file's bytes, label), undecoded; where(i) names the file. None for others."""
     from torchvision.datasets import ImageFolder
 
     inner = _inner(dataset)
     if isinstance(inner, ShardImages):
-        read = lambda i: inner.reader.read(i)[0]  # noqa: E731
-    elif isinstance(inner, ImageFolder) and inner.loader is load_file:
-        read = lambda i: read_file(inner.samples[i][0])  # noqa: E731
-    else:
+        return inner.reader.read, inner.reader.where, len(inner)
+    if isinstance(inner, ImageFolder) and inner.loader is load_file:
+        samples = inner.samples
+        return (lambda i: (read_file(samples[i][0]), samples[i][1])), (lambda i: samples[i][0]), len(inner)
+    return None
+
+
+def image_shape(data: bytes, where: str) -> tuple[int, int]:
+    """(height, width) from the file's header alone (PIL reads no pixels for it)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        width, height = Image.open(io.BytesIO(data)).size
+    except Exception as err:  # noqa: BLE001 - PIL raises many kinds for a bad header
+        raise datasets.BadSample(f"cannot read image {where} ({type(err).__name__}: {err})") from None
+    return height, width
+
+
+def crops_check(dataset, seed: int) -> dict | None:
+    """The windows hvdtrain's training crop (TrainCrop, and DALI's loader) takes from the first
+    augment.CROP_CHECK_SAMPLES images of `dataset` (a folder or shards of hvdtrain's) in epoch 0,
+    as {"samples", "digest"} (augment.crops_digest); None for other datasets."""
+    found = encoded_samples(dataset)
+    if found is None:
         return None
-    samples = min(augment.CROP_CHECK_SAMPLES, len(inner))
+    read, where, length = found
+    samples = min(augment.CROP_CHECK_SAMPLES, length)
     windows = []
     for i in range(samples):
         try:
-            width, height = Image.open(io.BytesIO(read(i))).size
-        except (OSError, ValueError):  # a format PIL does not read (the trainer's decoder did): no check
+            height, width = image_shape(read(i)[0], where(i))
+        except datasets.BadSample:  # a format PIL does not read (the trainer's decoder did): no check
             return None
         windows.append(augment.train_window(seed, 0, i, height, width))
     return {"samples": samples, "digest": augment.crops_digest(windows)}
