@@ -29,6 +29,14 @@ edit CMakeLists.txt 's/^    if (Tensorflow_CXX11)$/    if (Tensorflow_CXX11 OR (
 # build's ~140 C++ objects, in every build.
 edit CMakeLists.txt 's|^    add_subdirectory(third_party/gloo)$|    add_subdirectory(third_party/gloo EXCLUDE_FROM_ALL)|' \
      "plain gloo only when linked" '^    add_subdirectory(third_party/gloo)$'
+# Line tables only (-g1), not full debug info (-g): a C++ backtrace still names files and lines,
+# each object compiles ~25 % faster and is ~4x smaller (mpi_ops_v2.cc: 42.6 s and 23 MB with -g,
+# 30.8 s and 5 MB with -g1, GCC 12), so the link and the wheel are faster too. Set-up builds
+# Horovod on a login node's shared cores, and the test suite builds it three times on a cold machine.
+edit CMakeLists.txt 's/^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")$/&\
+string(REPLACE "-g" "-g1" CMAKE_C_FLAGS_RELWITHDEBINFO "${CMAKE_C_FLAGS_RELWITHDEBINFO}")\
+string(REPLACE "-g" "-g1" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")/' \
+     "line tables only (-g1) in C and C++ objects" '^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO'
 # GCC >= 13's libstdc++ no longer brings <string> in through <mutex>/<unordered_map>: group_table.h
 # uses std::string without including it, and the build stops there (seen with GCC 13.3 on the
 # GPU check's machine; Debian 12's GCC 12 compiles it as it is).
