@@ -91,10 +91,12 @@ class TrainConfig:
                                              "rank's cores less one, --cpus-per-task under Slurm; in-memory data "
                                              "needs none)", per_rank=True, resume=FREE, frameworks=("torch",),
                                   at_least=0)
-    loader: str = opt("torch", help="what decodes image files: torch (DataLoader workers, uint8 on the host) or dali "
-                                    "(NVIDIA DALI: on the GPU, or its CPU mode on CPUs; pip install "
-                                    "nvidia-dali-cuda130)", per_rank=False, resume=FREE, frameworks=("torch",),
-                      backends=("horovod", "ddp"), choices=("torch", "dali"))
+    loader: str = opt("torch", help="what decodes image files: torch (the framework's own: torch's DataLoader "
+                                    "workers, TensorFlow's tf.data) or dali (NVIDIA DALI: on the GPU, or its CPU "
+                                    "mode on CPUs; pip install nvidia-dali-cuda130, and for TensorFlow pip install "
+                                    "--no-build-isolation nvidia-dali-tf-plugin-cuda130)", per_rank=False,
+                      resume=FREE, frameworks=("torch", "tf"), backends=("horovod", "ddp", "mwms"),
+                      choices=("torch", "dali"))
     feeder: str = opt("on", help="read and copy the next batches to the device on a thread while the step runs "
                                  "(off: in series with the step, to measure what it saves)", per_rank=False,
                       resume=FREE, frameworks=("torch",), choices=("on", "off"))

@@ -8,6 +8,7 @@ DALI is an optional extra, not in the project venv: the tests install it once in
 directory on PYTHONPATH."""
 import json
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -22,6 +23,7 @@ DALI_PACKAGES = {"13": [f"nvidia-dali-cuda130=={DALI_VERSION}", "nvidia-nvimgcod
                         "nvidia-nvjpeg==13.3.2.43", "nvidia-nvjpeg2k-cu13==0.11.0.51",
                         "nvidia-libnvcomp-cu13==5.3.0.16", "nvidia-nvtiff-cu13==0.8.0.82", "nvtx==0.2.17",
                         "makefun==1.16.0", "libcst==1.9.0"]}
+DALI_TF_PLUGIN = {"13": f"nvidia-dali-tf-plugin-cuda130=={DALI_VERSION}"}
 VAL = 49
 
 
@@ -39,6 +41,21 @@ def dali_path():
                                *DALI_PACKAGES[cuda]], capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         open(stamp, "w").write(" ".join(DALI_PACKAGES[cuda]) + "\n")
+    # DALI's TensorFlow plugin (TensorFlow's --loader dali): an sdist that picks the library built
+    # for the installed TensorFlow, so DALI must be importable while pip builds it, and it is
+    # installed beside DALI's nvidia/ package (a second nvidia/ on PYTHONPATH would hide it).
+    plugin_stamp = os.path.join(target, ".tf-plugin-installed")
+    if not os.path.exists(plugin_stamp):
+        scratch = target + ".tf-plugin"
+        shutil.rmtree(scratch, ignore_errors=True)
+        done = subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                               "--target", scratch, DALI_TF_PLUGIN[cuda]], capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "PYTHONPATH": target})
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        shutil.rmtree(os.path.join(target, "nvidia", "dali_tf_plugin"), ignore_errors=True)
+        shutil.move(os.path.join(scratch, "nvidia", "dali_tf_plugin"), os.path.join(target, "nvidia"))
+        shutil.rmtree(scratch)
+        open(plugin_stamp, "w").write(DALI_TF_PLUGIN[cuda] + "\n")
     return target
 
 
@@ -47,15 +64,16 @@ def shard_dir(tmp_path_factory):
     return digits_shards(str(tmp_path_factory.mktemp("dali-shards")))
 
 
-def train(tmp_path, data_dir, name, *extra, dali=None, check=True, np_=2):
+def train(tmp_path, data_dir, name, *extra, dali=None, check=True, np_=2, framework="torch"):
     env = base_env()
     if dali:
         env["PYTHONPATH"] = dali + os.pathsep + env["PYTHONPATH"]
     result = tmp_path / f"{name}.json"
+    own = ["--num-workers", "1"] if framework == "torch" else []
     run = launch("mpirun" if np_ > 1 else "single", np_,
-                 [PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "shards", "--data-dir", data_dir,
-                  "--loader", "dali", "--image-size", "16", "--batch-size", "8", "--epochs", "2", "--base-lr", "0.01",
-                  "--threads-per-rank", "1", "--num-workers", "1", "--log-interval", "4", "--result-json", str(result),
+                 [PYTHON, "-m", f"hvdtrain.{framework}", "--model", "mnist_cnn", *own, "--dataset", "shards",
+                  "--data-dir", data_dir, "--loader", "dali", "--image-size", "16", "--batch-size", "8", "--epochs", "2", "--base-lr", "0.01",
+                  "--threads-per-rank", "1", "--log-interval", "4", "--result-json", str(result),
                   *extra], timeout=240, env=env, check=check)
     return json.loads(result.read_text()) if check else run
 
@@ -72,6 +90,80 @@ def test_dali_cpu_mode_under_mpirun_resumes_to_the_uninterrupted_weights(dali_pa
     rest = train(tmp_path, shard_dir, "rest", "--checkpoint-dir", str(tmp_path / "part"), dali=dali_path)
     assert rest["global_step"] == 24
     assert_weights_equal(tmp_path / "whole", tmp_path / "part")  # the same samples and crops
+
+
+# A mid-epoch resume's batches under TensorFlow's --loader dali: the epoch from a step on is the
+# tail of the whole epoch, pixel for pixel; validation is every sample once, the last batch short.
+TF_DALI_BATCHES = r"""
+import json, sys
+from types import SimpleNamespace
+import numpy as np
+from hvdtrain.tf import data
+d = data.build_data(SimpleNamespace(dataset="shards", data_dir=sys.argv[1], image_size=16, loader="dali"), 1)
+assert d.loader == "dali"
+whole = [(x.numpy(), y.numpy()) for x, y in d.train(1, 0, 0, 2, 12, 8, 42)]
+tail = [(x.numpy(), y.numpy()) for x, y in d.train(1, 5, 0, 2, 12, 8, 42)]
+val = [y.numpy() for _, y in d.val(1, 2, 8)]
+print(json.dumps({"whole": len(whole), "tail": len(tail),
+                  "same": all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(whole[5:], tail)),
+                  "distinct": len({a[0].tobytes() for a in whole}), "val": [len(y) for y in val],
+                  "val_order": [int(i) for y in val for i in y] == [int(d.load_val(i)[1]) for i in d.val_order(1, 2)]}))
+"""
+
+
+@pytest.mark.slow
+def test_tensorflow_dali_cpu_mode_trains_under_mpirun_and_resumes_mid_epoch_on_the_same_batches(dali_path, shard_dir,
+                                                                                                 tmp_path):
+    """TensorFlow's --loader dali (hvdtrain/tf/dali.py: tf.data reads and packs, DALI's CPU mode
+    decodes) under mpirun: every validation image once, the ranks in step. In one process: an
+    epoch resumed at step 5 gives the whole epoch's batches from step 5 on, to the pixel, and
+    the validation shard's last batch comes short, in order (DALI itself makes full batches only)."""
+    run = train(tmp_path, shard_dir, "tf", dali=dali_path, framework="tf")
+    assert run["config"]["loader"] == "dali" and run["images_normalised_in"] == "DALI", run["config"]
+    assert run["history"][-1]["val_count"] == VAL and run["world_size"] == 2
+    assert len({r["param_checksum"] for r in run["ranks"]}) == 1, run["ranks"]
+    assert run["history"][-1]["train_loss"] < run["history"][0]["train_loss"], run["history"]
+    env = base_env()
+    env["PYTHONPATH"] = dali_path + os.pathsep + env["PYTHONPATH"]
+    done = subprocess.run([PYTHON, "-c", TF_DALI_BATCHES, shard_dir], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    # Rank 0 of 2: 100 training samples, 12 batches of 8; rank 1: 25 of the 49 validation samples, 8, 8, 8, 1.
+    assert found == {"whole": 12, "tail": 7, "same": True, "distinct": 12, "val": [8, 8, 8, 1], "val_order": True}, found
+
+
+@pytest.mark.slow
+def test_tensorflow_without_dali_or_its_plugin_the_loader_is_one_line(shard_dir, tmp_path):
+    """In this process DALI is not importable (the suite keeps it out of the venv): build_data
+    refuses before any batch, in one line; a dataset that is no image files is refused too. With
+    DALI but not its TensorFlow plugin, the line names the plugin and this TensorFlow."""
+    from types import SimpleNamespace
+
+    from hvdtrain.errors import UsageError
+    from hvdtrain.tf import data
+
+    cfg = SimpleNamespace(dataset="shards", data_dir=shard_dir, image_size=16, loader="dali")
+    with pytest.raises(UsageError, match=r"^--loader dali needs NVIDIA DALI and its TensorFlow plugin, which are not "
+                                         r"installed: pip install nvidia-dali-cuda130, then pip install "
+                                         r"--no-build-isolation nvidia-dali-tf-plugin-cuda130"):
+        data.build_data(cfg)
+    with pytest.raises(UsageError, match="^--loader dali reads image files: --dataset imagefolder or --dataset shards$"):
+        data.build_data(SimpleNamespace(dataset="digits", image_size=16, loader="dali"))
+    # DALI without the plugin: a DALI directory whose nvidia/ lacks dali_tf_plugin.
+    env = base_env()
+    fake = tmp_path / "dali-without-plugin" / "nvidia"
+    (fake / "dali" / "plugin").mkdir(parents=True)
+    for init in (fake / "__init__.py", fake / "dali" / "__init__.py", fake / "dali" / "plugin" / "__init__.py"):
+        init.write_text("")
+    (fake / "dali" / "plugin" / "tf.py").write_text("import nvidia.dali_tf_plugin\n")
+    env["PYTHONPATH"] = str(fake.parent) + os.pathsep + env["PYTHONPATH"]
+    run = subprocess.run([PYTHON, "-c", "from hvdtrain.tf import dali; dali.require()"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert "UsageError: --loader dali needs DALI's TensorFlow plugin, built for this TensorFlow (2." in run.stderr, \
+        run.stderr[-2000:]
+    assert "pip install --no-build-isolation nvidia-dali-tf-plugin-cuda130 (No module named 'nvidia.dali_tf_plugin')" \
+        in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -162,6 +254,17 @@ if sys.argv[1] == "tensorflow":
         draws = augment.sample_draws(seed, epoch, range(len(paths)))
         out[split] = [np.transpose(load(tf.constant(i, tf.int64), tf.constant(draws[i]) if train else None)[0].numpy(),
                                    (2, 0, 1)) for i in range(len(paths))]
+elif sys.argv[1] == "tf-dali":  # TensorFlow's windows, packed for DALI's graph (hvdtrain/tf/dali.py)
+    from types import SimpleNamespace
+    import tensorflow as tf
+    from hvdtrain.tf import dali, data
+    files = tf.constant(paths)
+    for split, train in (("train", True), ("val", False)):
+        load = data._image_loader(lambda i: tf.io.read_file(files[i]), [0] * len(paths), size, train)
+        draws = tf.constant(augment.sample_draws(seed, epoch, range(len(paths))))
+        packed = tf.data.Dataset.range(len(paths)).map(lambda i: load.packed(i, draws[i] if train else None))
+        batches = dali._dali_dataset(SimpleNamespace(threads=1, image_size=size), packed, train, 1)
+        out[split] = [np.transpose(x[0].numpy(), (2, 0, 1)) for x, _ in batches]
 else:
     import torch
     from hvdtrain.torch import dali, images
@@ -183,7 +286,7 @@ np.savez(sys.argv[3], **{f"{split}{i}": x for split, xs in out.items() for i, x 
 @pytest.mark.slow
 def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
     """hvdtrain/augment.py's windows (training: crop and flip per (seed, epoch, sample); validation:
-    the centre) through torch, DALI's CPU mode and TensorFlow, on non-square images whose every
+    the centre) through torch, DALI's CPU mode, TensorFlow and TensorFlow's DALI loader, on non-square images whose every
     region differs (red across, green down, a blue pattern): the pixels agree to within the
     decoders' and resize filters' differences, far closer than to another sample's crop."""
     from PIL import Image
@@ -208,13 +311,13 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
                             for x in torch_out[split]]
     env = base_env()
     env["PYTHONPATH"] = dali_path + os.pathsep + env["PYTHONPATH"]
-    report = []
-    for pipeline in ("dali", "tensorflow"):
+    report, outputs = [], {}
+    for pipeline in ("dali", "tensorflow", "tf-dali"):
         result = str(tmp_path / f"{pipeline}.npz")
         run = subprocess.run([PYTHON, "-c", SAME_CROPS, pipeline, json.dumps(paths), result], env=env,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
-        theirs = np.load(result)
+        theirs = outputs[pipeline] = dict(np.load(result))
         for split in ("train", "val"):
             for i in range(len(paths)):
                 mine, other = torch_out[split][i], theirs[f"{split}{i}"]
@@ -238,3 +341,7 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
     # (TensorFlow), where torch resizes the whole image and then crops (a pixel's rounding apart
     # at 64 px), DALI and TensorFlow crop first; another window 0.5-1.1.
     assert all(same < limit and off > 2.5 * same for _, same, off, limit in report), [line for line, *_ in report]
+    # TensorFlow's --loader dali: its windows (TensorFlow's ops) through DALI's graph give torch's
+    # DALI pixels exactly: the same windows, to the float32 that DALI reads.
+    for key, pixels in outputs["dali"].items():
+        assert np.array_equal(outputs["tf-dali"][key], pixels), (key, float(np.abs(outputs["tf-dali"][key] - pixels).max()))

@@ -115,8 +115,10 @@ def test_bounds_are_checked_as_declared():
 
 
 def test_the_tf_trainers_log_leaves_out_torch_only_options():
-    """The start-up's config line shows the trainer's own options: TF's has no --amp or --loader."""
-    torch_only = {"amp", "channels_last", "num_workers", "loader", "feeder"}
+    """The start-up's config line shows the trainer's own options: TF's has no --amp or --feeder
+    (--loader is both frameworks': dali for TensorFlow too)."""
+    torch_only = {"amp", "channels_last", "num_workers", "feeder"}
     assert torch_only <= options.not_of(TrainConfig, "tf")
     assert not torch_only & options.not_of(TrainConfig, "torch")
     assert "loop" in options.not_of(TrainConfig, "torch") and "loop" not in options.not_of(TrainConfig, "tf")
+    assert not {"loader"} & (options.not_of(TrainConfig, "tf") | options.not_of(TrainConfig, "torch"))

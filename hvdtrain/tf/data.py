@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import augment, datasets, shards
+from hvdtrain.tf import dali
 
 
 
@@ -61,6 +62,8 @@ class TFData:
     # Shards: {split: indices -> their members' bytes}, read READ_PER_CALL samples a call into Python
     # (one call per sample cost about 0.1 ms more an image); None: load(i) reads each file itself.
     read_many: dict | None = None
+    # What decodes image files: "tf" (this module's map) or "dali" (hvdtrain/tf/dali.py).
+    loader: str = "tf"
 
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
@@ -105,11 +108,12 @@ class TFData:
             # Crops and flips a function of (seed, epoch, sample), not of a stream: a run resumed in
             # the middle of an epoch draws what the uninterrupted run drew (hvdtrain/augment.py).
             ds = with_draws(ds, seed, tf.constant(epoch, tf.int64))
-        return self._load(ds, "train", batch_size, drop_remainder=True)
+        return self._load(ds, "train", batch_size, len(order), drop_remainder=True)
 
     def val(self, rank: int, world_size: int, batch_size: int) -> tf.data.Dataset:
-        return self._load(tf.data.Dataset.from_tensor_slices(self.val_order(rank, world_size)), "val",
-                          batch_size, drop_remainder=False)
+        order = self.val_order(rank, world_size)
+        return self._load(tf.data.Dataset.from_tensor_slices(order), "val", batch_size, len(order),
+                          drop_remainder=False)
 
     def crops_check(self, seed: int) -> dict | None:
         """The windows this pipeline's own code (_window_from_draws, TensorFlow's ops) takes from
@@ -146,11 +150,14 @@ class TFData:
                 return f"cannot read image {where} ({op_error_reason(err)})"
         return None
 
-    def decoded(self, ds, split: str) -> tf.data.Dataset:
+    def decoded(self, ds, split: str, packed: bool = False) -> tf.data.Dataset:
         """Image files: each element of `ds` (i, or (i, draws) for training) loaded, in parallel by
         the rank's threads, in TensorFlow's ops alone; a shard's bytes read beforehand, many
-        samples a call (read_many)."""
+        samples a call (read_many). packed: not decoded but packed with its window for DALI
+        (hvdtrain/tf/dali.py)."""
         load = self._split_loader(split)
+        if packed:
+            load = load.packed
         if self.read_many is None:
             return ds.map(load, num_parallel_calls=self.threads)
         read = self.read_many[split]
@@ -164,7 +171,9 @@ class TFData:
     def _split_loader(self, split: str):
         return self.load_train if split == "train" else self.load_val
 
-    def _load(self, ds, split, batch_size, drop_remainder):
+    def _load(self, ds, split, batch_size, count, drop_remainder):
+        if self.per_sample and self.loader == "dali":
+            return dali.batches(self, ds, split, count, batch_size, drop_remainder)
         if self.per_sample:  # image files
             ds = self.decoded(ds, split).batch(batch_size, drop_remainder=drop_remainder)
         else:
@@ -244,7 +253,17 @@ def build_data(cfg, threads: int = 1, uint8: bool = False) -> TFData:
     """cfg's dataset as tf.data pipelines. uint8: image files come as uint8 batches (a quarter of
     the bytes through tf.data and onto the device), which the step normalises (model_input):
     for a GPU's custom loop (hvdtrain/tf/devices.py's uint8_input); otherwise floats, normalised
-    in the pipeline's parallel map."""
+    in the pipeline's parallel map. cfg.loader "dali": DALI decodes the image files (hvdtrain/tf/dali.py),
+    normalised floats on the rank's device."""
+    if getattr(cfg, "loader", None) == "dali":
+        from hvdtrain.errors import UsageError
+
+        if cfg.dataset not in ("imagefolder", "shards"):
+            raise UsageError("--loader dali reads image files: --dataset imagefolder or --dataset shards")
+        dali.require()  # one line now, not a traceback at the first batch
+        data = _imagefolder(cfg, threads, False) if cfg.dataset == "imagefolder" else _shards(cfg, threads, False)
+        data.loader = "dali"
+        return data
     if cfg.dataset == "imagefolder":
         return _imagefolder(cfg, threads, uint8)
     if cfg.dataset == "shards":
@@ -373,6 +392,20 @@ def _image_loader(read_bytes, labels, size: int, train: bool, uint8: bool = Fals
         if uint8:
             return tf.saturate_cast(tf.round(image), tf.uint8), labels_t[i]
         return image * scale + bias, labels_t[i]
+
+    def packed(i, draws=None, data=None):  # for DALI (hvdtrain/tf/dali.py): bytes, label, window, flip
+        if data is None:
+            data = read_bytes(i)
+        if not train:
+            return dali.pack(data, labels_t[i])
+        shape = tf.cond(tf.io.is_jpeg(data), lambda: tf.io.extract_jpeg_shape(data),
+                        lambda: tf.shape(tf.io.decode_image(data, channels=3, expand_animations=False)))
+        win = _window_from_draws(draws, shape[0], shape[1])
+        # Relative to the image's size, rounded to float32 as the torch side's (hvdtrain/torch/dali.py).
+        whole = tf.cast(tf.stack([shape[0], shape[1], shape[0], shape[1]]), tf.float64)
+        return dali.pack(data, labels_t[i], tf.cast(win[:4], tf.float64) / whole, win[4])
+
+    load.packed = packed
     return load
 
 

@@ -96,7 +96,8 @@ class Trainer(EpochTrainer):
                                  "pass the same samples in the same order (hvdtrain shards and shuffles them itself; "
                                  "an unseeded shuffle before fit() gives each rank its own order)")
         # A GPU's custom loop: uint8 images copied ahead to the device and normalised there.
-        self.uint8_input = devices.uint8_input(self.backend.device, self.cfg.loop)
+        # (DALI normalises on the device itself.)
+        self.uint8_input = devices.uint8_input(self.backend.device, self.cfg.loop) and self.cfg.loader != "dali"
         self.data = self.workload.data(self.threads, uint8=self.uint8_input)
         self.input_normalization = self.data.input_normalization  # the step's (tf/data.py model_input)
         self.sample_unit = self.workload.sample_unit
@@ -172,6 +173,7 @@ class Trainer(EpochTrainer):
         # What "threads per rank" meant here: every pool this rank's TensorFlow runs on.
         threading = tf.config.threading
         images = ("the step, on the device" if self.input_normalization is not None
+                  else "DALI" if self.data.per_sample and self.data.loader == "dali"
                   else "the tf.data map" if self.data.per_sample else None)
         return {"keras": f"{self.keras.__name__} {self.keras.__version__}", "images_normalised_in": images,
                 "crops": self.data.crops_check(self.cfg.seed),  # the comparison's check

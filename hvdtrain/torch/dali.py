@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hvdtrain import augment, datasets
+from hvdtrain import augment, dali_graph, datasets
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import data, images
 
@@ -62,31 +62,18 @@ class EncodedImages:
 def _pipeline(train: bool, size: int, batch_size: int, threads: int, device: torch.device):
     fn, pipeline_def, types = require()
     gpu = device.type == "cuda"
-    mean = [255 * m for m in datasets.IMAGENET_MEAN]
-    std = [255 * s for s in datasets.IMAGENET_STD]
 
     # prefetch_queue_depth=1: each run() decodes exactly the batch just fed (batches are ours).
     @pipeline_def(batch_size=batch_size, num_threads=max(1, threads), device_id=device.index if gpu else None,
                   prefetch_queue_depth=1, seed=0)
     def graph():
-        decoder = "mixed" if gpu else "cpu"
         files = fn.external_source(name="files", dtype=types.UINT8)
+        window = mirror = None
         if train:
             window = fn.external_source(name="window", dtype=types.FLOAT)  # (top, left, height, width)
             mirror = fn.external_source(name="mirror", dtype=types.INT32)
-            # axis_names="HW": the window is (top, left, height, width). image_slice's default, "WH",
-            # read it as (x, y) and (width, height): every crop transposed, its aspect ratio inverted
-            # (1.33-2.37 on a 500x375 image where torchvision's are 0.75-1.33; issue 46).
-            decoded = fn.decoders.image_slice(files, fn.slice(window, 0, 2, axes=[0]), fn.slice(window, 2, 2, axes=[0]),
-                                              axis_names="HW", device=decoder, output_type=types.RGB,
-                                              normalized_anchor=True, normalized_shape=True)
-            decoded = fn.resize(decoded, resize_x=size, resize_y=size, antialias=True)
-            return fn.crop_mirror_normalize(decoded, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
-                                            mean=mean, std=std)
-        decoded = fn.decoders.image(files, device=decoder, output_type=types.RGB)
-        decoded = fn.resize(decoded, resize_shorter=int(size * images.VAL_RESIZE), antialias=True)
-        return fn.crop_mirror_normalize(decoded, dtype=types.FLOAT, output_layout="CHW", crop=(size, size),
-                                        mean=mean, std=std)
+        return dali_graph.images(fn, types, train=train, size=size, gpu=gpu, layout="CHW", files=files,
+                                 window=window, mirror=mirror)
 
     pipe = graph()
     pipe.build()
