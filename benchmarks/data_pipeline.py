@@ -185,9 +185,24 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
         iterator = iter(ds.prefetch(1).with_options(options))
         return lambda i: next(iterator), len(blobs), TF_BATCH
 
-    return {"TensorFlow before (whole image, 1.14 x size square, random crop), float32": batches(before),
-            "TensorFlow now (decode_and_crop_jpeg of hvdtrain's window), float32 (a CPU's)": batches(now(False)),
-            "TensorFlow now, uint8 (a GPU's)": batches(now(True))}
+    table = {"TensorFlow before (whole image, 1.14 x size square, random crop), float32": batches(before),
+             "TensorFlow now (decode_and_crop_jpeg of hvdtrain's window), float32 (a CPU's)": batches(now(False)),
+             "TensorFlow now, uint8 (a GPU's)": batches(now(True))}
+    try:  # TensorFlow's --loader dali: tf.data packs, DALI's CPU mode decodes, one thread each
+        from types import SimpleNamespace
+
+        from hvdtrain.tf import dali as tf_dali
+
+        tf_dali.require()
+        load = tf_data._image_loader(lambda i: files[i], [0] * len(blobs), size, True)
+        packed = tf.data.Dataset.range(len(blobs)).repeat().map(lambda i: load.packed(i, draws[i]))
+        dali_batches = iter(tf_dali._dali_dataset(SimpleNamespace(threads=1, image_size=size),
+                                                  packed.with_options(options), True, DALI_BATCH))
+        table[f"TensorFlow --loader dali, CPU mode (batches of {DALI_BATCH})"] = (
+            lambda i: next(dali_batches), len(blobs), DALI_BATCH)
+    except Exception as err:  # noqa: BLE001 - reported, the rest measured
+        print(f"(TensorFlow's DALI not measured: {str(err).splitlines()[0]})")
+    return table
 
 
 def per_core(table: dict, repeats: int, seconds: float) -> dict:
