@@ -266,7 +266,8 @@ def main() -> None:
         shards.write(shards_dir, *shards.imagefolder_sources(folder), shard_mb=16, progress=False)
     print(f"{args.images} training JPEGs of 500x375, {kb:.0f} KB on average, in {folder} and {shards_dir}")
 
-    print(f"\nimages per CPU-second, every thread of this process (RandomResizedCrop {args.size} + flip; median of {args.repeats}):")
+    print(f"\nimages per CPU-second, every thread of this process (RandomResizedCrop {args.size} + flip; "
+          f"median of {args.repeats}):")
     rates = per_core(pipelines(folder, shards_dir, args.size), args.repeats, args.seconds)
     base = next(iter(rates.values()))
     for name, rate in rates.items():
