@@ -72,7 +72,8 @@ def train(tmp_path, data_dir, name, *extra, dali=None, check=True, np_=2, framew
     own = ["--num-workers", "1"] if framework == "torch" else []
     run = launch("mpirun" if np_ > 1 else "single", np_,
                  [PYTHON, "-m", f"hvdtrain.{framework}", "--model", "mnist_cnn", *own, "--dataset", "shards",
-                  "--data-dir", data_dir, "--loader", "dali", "--image-size", "16", "--batch-size", "8", "--epochs", "2", "--base-lr", "0.01",
+                  "--data-dir", data_dir, "--loader", "dali", "--image-size", "16", "--batch-size", "8",
+                  "--epochs", "2", "--base-lr", "0.01",
                   "--threads-per-rank", "1", "--log-interval", "4", "--result-json", str(result),
                   *extra], timeout=240, env=env, check=check)
     return json.loads(result.read_text()) if check else run

@@ -59,7 +59,7 @@ def batches(data, samples: tf.data.Dataset, split: str, count: int, batch_size: 
     gives (i, or (i, draws) for training), in that order, decoded by DALI. DALI makes full batches
     only: a short last one (validation) comes from a second DALI dataset of that size."""
     full = count // batch_size * batch_size
-    parts = [(samples.take(full) if full < count else samples, batch_size)] if full else []
+    parts = [(samples.take(full), batch_size)] if full else []
     if full < count and not drop_remainder:
         parts.append((samples.skip(full), count - full))
     out = None
@@ -68,8 +68,8 @@ def batches(data, samples: tf.data.Dataset, split: str, count: int, batch_size: 
                            split == "train", size)
         out = ds if out is None else out.concatenate(ds)
     if out is None:  # no sample: an empty dataset of the same structure
-        spec = (tf.TensorSpec([0, data.image_size, data.image_size, 3], tf.float32), tf.TensorSpec([0], tf.int64))
-        out = tf.data.Dataset.from_tensors((tf.zeros(spec[0].shape), tf.zeros(spec[1].shape, tf.int64))).take(0)
+        empty = (tf.zeros([0, data.image_size, data.image_size, 3]), tf.zeros([0], tf.int64))
+        out = tf.data.Dataset.from_tensors(empty).take(0)
     return out
 
 

@@ -126,9 +126,7 @@ class TFData:
         draws = augment.sample_draws(seed, 0, range(samples))
         windows = []
         for i in range(samples):
-            data = tf.constant(self.files["train"](i)[0])
-            shape = (tf.io.extract_jpeg_shape(data) if tf.io.is_jpeg(data)
-                     else tf.shape(tf.io.decode_image(data, channels=3, expand_animations=False)))
+            shape = _encoded_shape(tf.constant(self.files["train"](i)[0]))
             windows.append(_window_from_draws(tf.constant(draws[i]), shape[0], shape[1]).numpy().tolist())
         return {"samples": samples, "digest": augment.crops_digest(windows)}
 
@@ -255,19 +253,18 @@ def build_data(cfg, threads: int = 1, uint8: bool = False) -> TFData:
     for a GPU's custom loop (hvdtrain/tf/devices.py's uint8_input); otherwise floats, normalised
     in the pipeline's parallel map. cfg.loader "dali": DALI decodes the image files (hvdtrain/tf/dali.py),
     normalised floats on the rank's device."""
-    if getattr(cfg, "loader", None) == "dali":
+    loader = "dali" if getattr(cfg, "loader", None) == "dali" else "tf"
+    if loader == "dali":
         from hvdtrain.errors import UsageError
 
         if cfg.dataset not in ("imagefolder", "shards"):
             raise UsageError("--loader dali reads image files: --dataset imagefolder or --dataset shards")
         dali.require()  # one line now, not a traceback at the first batch
-        data = _imagefolder(cfg, threads, False) if cfg.dataset == "imagefolder" else _shards(cfg, threads, False)
-        data.loader = "dali"
+    if cfg.dataset in ("imagefolder", "shards"):
+        # DALI's batches come normalised: no uint8 for the step to normalise.
+        data = (_imagefolder if cfg.dataset == "imagefolder" else _shards)(cfg, threads, uint8 and loader == "tf")
+        data.loader = loader
         return data
-    if cfg.dataset == "imagefolder":
-        return _imagefolder(cfg, threads, uint8)
-    if cfg.dataset == "shards":
-        return _shards(cfg, threads, uint8)
     if cfg.dataset == "digits":
         split = datasets.digits_split()
     else:
@@ -322,6 +319,13 @@ def with_draws(samples: tf.data.Dataset, seed: int, epoch) -> tf.data.Dataset:
         found = tf.numpy_function(draws, [indices, epoch], tf.float64, stateful=False)
         return indices, tf.ensure_shape(found, [None, augment.DRAWS])
     return samples.batch(DRAWS_PER_CALL).map(batch_draws).unbatch()
+
+
+def _encoded_shape(data):
+    """An image file's (height, width, channels) in TensorFlow's ops: a JPEG's from its header,
+    another format's by decoding it."""
+    return tf.cond(tf.io.is_jpeg(data), lambda: tf.io.extract_jpeg_shape(data),
+                   lambda: tf.shape(tf.io.decode_image(data, channels=3, expand_animations=False)))
 
 
 def _window_from_draws(draws, height, width):
@@ -398,8 +402,7 @@ def _image_loader(read_bytes, labels, size: int, train: bool, uint8: bool = Fals
             data = read_bytes(i)
         if not train:
             return dali.pack(data, labels_t[i])
-        shape = tf.cond(tf.io.is_jpeg(data), lambda: tf.io.extract_jpeg_shape(data),
-                        lambda: tf.shape(tf.io.decode_image(data, channels=3, expand_animations=False)))
+        shape = _encoded_shape(data)
         win = _window_from_draws(draws, shape[0], shape[1])
         # Relative to the image's size, rounded to float32 as the torch side's (hvdtrain/torch/dali.py).
         whole = tf.cast(tf.stack([shape[0], shape[1], shape[0], shape[1]]), tf.float64)
