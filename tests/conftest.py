@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -273,9 +274,18 @@ def _busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _children_seconds() -> float:
+    """CPU seconds of this pytest's children that have ended (ranks under mpirun, their
+    launchers, set-up's builds; not Slurm's tasks, which slurmd starts): the test's own share,
+    which the other lane's tests running meanwhile do not inflate as they do `busy_cpu_s`."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     item._busy_start = _busy_seconds()
+    item._children_start = _children_seconds()
     yield
 
 
@@ -286,6 +296,7 @@ def pytest_runtest_makereport(item, call):
     is waiting (a poll, a timeout, Slurm), which the budget can cut without weakening it."""
     if call.when == "teardown" and hasattr(item, "_busy_start"):
         item.user_properties.append(("busy_cpu_s", round(_busy_seconds() - item._busy_start, 1)))
+        item.user_properties.append(("children_cpu_s", round(_children_seconds() - item._children_start, 1)))
     yield
 
 
