@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, REPO, finish_launch, launch, rank_pids, start_launch, usr1_to_rank0_once
+from conftest import PYTHON, REPO, finish_launch, launch, rank_pids, start_launch, step_of, usr1_to_rank0_once
 from hvdtrain import errors
-from hvdtrain.checkpoint import latest_checkpoint
+from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
 from hvdtrain.config import TrainConfig
 from hvdtrain.torch import loop
 from hvdtrain.torch.backend import TorchBackend
@@ -71,10 +71,10 @@ def test_own_loop_killed_without_a_signal_resumes_at_its_interval_checkpoint(tmp
     argv = [PYTHON, EXAMPLE, "--checkpoint-dir", part, "--epochs", "3", "--checkpoint-every", "5"]
     proc = start_launch("mpirun", 2, argv)
     deadline = time.monotonic() + 120
-    def in_epoch_2():  # a mid-epoch checkpoint of epoch 2 is written
-        return os.path.isdir(part) and any(name.endswith((f"s{25:08d}.pt", f"s{30:08d}.pt")) for name in os.listdir(part))
-
-    while not in_epoch_2():
+    # A mid-epoch checkpoint of epoch 2 or a later one: retention (3 kept) deletes step 25's and
+    # 30's by step 42, and a test process kept off the CPU that long (a loaded machine) waited for
+    # them until the run had ended.
+    while not any(step_of(path) >= 25 for path in list_checkpoints(part)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
         time.sleep(0.01)
     os.kill(rank_pids(part, 1)[0], signal.SIGKILL)

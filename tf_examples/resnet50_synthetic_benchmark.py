@@ -6,6 +6,7 @@ reporting the images per second measured on every rank rather than rank 0's time
     srun --mpi=pmix -n 2 python tf_examples/resnet50_synthetic_benchmark.py --image-size 64
     mpirun -np 2 python tf_examples/resnet50_synthetic_benchmark.py --image-size 32 --batch-size 4 \
         --num-warmup-batches 2 --num-batches-per-iter 2 --num-iters 2     # a quick check on a laptop
+    mpirun -np 2 python tf_examples/resnet50_synthetic_benchmark.py --model MobileNetV2   # keras.applications
 
 Stated result: rank 0 prints `rank R: X img/sec` for every rank (each X > 0) and
 `total: Y img/sec on N ranks` with Y the sum. Every Horovod line is marked `# Horovod:`.
@@ -19,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 parser = argparse.ArgumentParser(description="Synthetic ResNet-50 benchmark with Horovod")
+parser.add_argument("--model", default="ResNet50", help="a keras.applications model, as in Horovod's example")
 parser.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
 parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--image-size", type=int, default=224)
@@ -37,7 +39,7 @@ for gpu in gpus:
 if gpus:
     tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
-model = keras.applications.ResNet50(weights=None, input_shape=(args.image_size, args.image_size, 3))
+model = getattr(keras.applications, args.model)(weights=None, input_shape=(args.image_size, args.image_size, 3))
 opt = keras.optimizers.SGD(learning_rate=0.01)
 loss_fn = keras.losses.SparseCategoricalCrossentropy()
 
@@ -68,7 +70,7 @@ def log(msg):
         print(msg, flush=True)
 
 
-log(f"Model: ResNet50, batch size {args.batch_size} per rank, image size {args.image_size}, "
+log(f"Model: {args.model}, batch size {args.batch_size} per rank, image size {args.image_size}, "
     f"{hvd.size()} rank(s), {'cpu' if not gpus else 'gpu'}")
 benchmark_step()
 # Horovod: broadcast the initial variable states from rank 0 to all other processes, after the

@@ -46,7 +46,7 @@ def select(loop: str) -> ModuleType:
         if legacy_keras_requested():
             # The user chose Keras 2 for the process; the custom loop works on it too.
             return _import_tf_keras(f"{_LEGACY_ENV}=1 asks for Keras 2")
-        with _scikit_learn_hidden():
+        with _optional_packages_hidden():
             import keras
 
         return keras
@@ -60,21 +60,29 @@ def select(loop: str) -> ModuleType:
     return tf_keras
 
 
+# Packages Keras 3 (and TensorFlow's own legacy Keras, which `import tensorflow` loads) import when
+# installed, each behind `try: ... except ImportError`, for what the trainer never uses:
+# scikit-learn for Keras' scikit-learn wrappers, matplotlib for its image-gallery plots, SciPy for
+# sparse inputs to TF 1's Keras. hvdtrain has them installed (the digits' data file, the
+# comparison's plots). Measured here per rank start: scikit-learn 0.7 CPU-s, matplotlib 0.4,
+# SciPy about 0.3. Keras 3 loads SciPy lazily where it does use it (its `module_utils`), so that
+# still works afterwards.
+_OPTIONAL_FOR_KERAS = ("sklearn", "matplotlib", "scipy")
+
+
 @contextlib.contextmanager
-def _scikit_learn_hidden():
-    """Keras 3 imports scikit-learn, when installed, for its scikit-learn wrappers (about 0.7 s
-    per rank at every start here; hvdtrain has it installed for the digits' data file). The
-    trainer never uses those wrappers: while Keras is imported, `import sklearn` fails, so Keras
-    takes its "not installed" branch; afterwards the process imports scikit-learn normally."""
-    if "sklearn" in sys.modules:  # already imported: nothing to save
-        yield
-        return
-    sys.modules["sklearn"] = None  # an ImportError for `import sklearn` (the import system's rule)
+def _optional_packages_hidden():
+    """While Keras is imported, `import sklearn` (matplotlib, scipy) fails, so Keras takes its "not
+    installed" branch; afterwards the process imports them normally. One already imported stays."""
+    hidden = [name for name in _OPTIONAL_FOR_KERAS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # an ImportError for `import name` (the import system's rule)
     try:
         yield
     finally:
-        if sys.modules.get("sklearn", 0) is None:
-            del sys.modules["sklearn"]
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 def _import_tf_keras(why: str) -> ModuleType:
