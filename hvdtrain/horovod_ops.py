@@ -3,6 +3,7 @@ cannot be used: not installed, or built without that framework's ops (HOROVOD_WI
 HOROVOD_WITH_TENSORFLOW was off, or the framework changed since the build)."""
 from __future__ import annotations
 
+import faulthandler
 import importlib
 
 from hvdtrain.errors import UsageError
@@ -71,5 +72,10 @@ def start_horovod(hvd, cfg, on_cpu: bool, cores_per_rank: int) -> dict[str, str]
                                        mpi_yield=cfg.mpi_yield)
     applied = tuning.apply({**settings, **horovod_stall_settings(cfg.watchdog_seconds)})
     hvd.init()  # Horovod: start the background thread and the MPI/Gloo controller.
+    # A rank that crashes (SIGSEGV, SIGBUS...) says where in Python, every thread: enabled after
+    # MPI_Init, which installs Open MPI's own handlers (a native backtrace, often a single libc
+    # frame), so that Python's runs first and then hands the signal on to Open MPI's.
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     check_launcher_agrees(hvd.size())
     return applied

@@ -403,7 +403,12 @@ stage shared-hvd 90 shared_run shared-hvd --epochs 1 --checkpoint-dir "$WORK/sha
 stage shared-ddp 90 shared_run shared-ddp --epochs 1 --backend ddp --checkpoint-dir "$WORK/shared-ddp" || true
 stage shared-weights 30 shared_weights || true
 stage shared-resume 75 shared_run shared-resume --epochs 2 --checkpoint-dir "$WORK/shared-hvd" || true
-stage shared-doctor 45 launch2 "$PY" -m hvdtrain.doctor --framework torch || true
+# In the CPU mode the two ranks share a few loaded cores, where their compute figures differ by
+# half from one round to the next (46 % once, in the suite): the launch is checked there, not
+# the ranks' evenness (tests/test_doctor.py's LENIENT). On a GPU the doctor's default holds.
+shared_doctor_args=()
+[ "$DEVICE" = cuda ] || shared_doctor_args=(--slow-fraction 0.9)
+stage shared-doctor 45 launch2 "$PY" -m hvdtrain.doctor --framework torch "${shared_doctor_args[@]}" || true
 stage horovod 120 hvdtrain_run horovod --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
 stage plain 90 plain_loop plain || true
 stage ddp 90 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true
