@@ -80,7 +80,7 @@ class MWMSBackend(TFBackend):
         # tf.distribute sums the replicas' gradients: each rank's loss is scaled by 1/world size.
         self.gradient_scale = 1.0 / self.strategy.num_replicas_in_sync
 
-        @tf.function
+        @tf.function(autograph=False)  # no Python control flow on tensors (hvdtrain/tf/loops.py)
         def all_sum(tensor):
             per_replica = self.strategy.run(tf.identity, args=(tensor,))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

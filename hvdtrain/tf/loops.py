@@ -83,6 +83,11 @@ class CustomLoop:
         self.split = tf_split_requested() and backend.device == "cpu"
 
         normalization = trainer.input_normalization  # uint8 images, normalised here (tf/data.py model_input)
+        # The step's functions are traced without AutoGraph (autograph=False below), as Keras 3's
+        # own fit traces its steps: their Python control flow is on Python values only, and
+        # AutoGraph's conversion of them and of everything they call (Horovod's tape included)
+        # cost 2 CPU-s at every rank's start, a third of a digits run's. A user's loss or model is
+        # traced as it is: control flow on tensors goes through tf.cond / tf.while_loop.
 
         def gradients(x, y, reduce_in_tape):
             with tf.GradientTape() as tape:
@@ -97,15 +102,15 @@ class CustomLoop:
             return stats, tape.gradient(loss, sources)
 
         if self.split:
-            @tf.function
+            @tf.function(autograph=False)
             def compute(x, y):
                 return backend.run(gradients, x, y, False)
 
-            @tf.function
+            @tf.function(autograph=False)
             def sync(grads):
                 return backend.reduce_gradients(grads, cfg)
 
-            @tf.function
+            @tf.function(autograph=False)
             def update(grads):
                 backend.apply_reduced(self.optimizer, grads, model.trainable_variables)
             self.compute, self.sync, self.update = compute, sync, update
@@ -116,7 +121,7 @@ class CustomLoop:
                 self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
                 return stats
 
-            @tf.function
+            @tf.function(autograph=False)
             def train_step(x, y):
                 return backend.run(replica_step, x, y)  # tf.distribute: strategy.run; Horovod: a call
             self.train_step = train_step

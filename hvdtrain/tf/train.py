@@ -117,7 +117,7 @@ class Trainer(EpochTrainer):
         normalization = self.input_normalization
         self._eval_step = tf.function(
             lambda x, y: step_stats(y, self.model(model_input(x, normalization), training=False), loss)[0],
-            reduce_retracing=True)
+            reduce_retracing=True, autograph=False)
 
     def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
         # Horovod: every rank starts from rank 0's weights and optimizer state. Horovod's examples
