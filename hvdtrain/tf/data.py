@@ -24,7 +24,10 @@ import tensorflow as tf
 from hvdtrain import augment, datasets, shards
 from hvdtrain.tf import dali
 
-
+# tf.data traces every function given to map() with AutoGraph unless told not to. These branch on
+# tensors with tf.cond only (their Python `if`s test Python values): traced as they are, a rank's
+# start saves AutoGraph's conversion of them, about 0.8 CPU-s for an image pipeline here.
+as_is = tf.autograph.experimental.do_not_convert
 
 PREFETCH_BATCHES = 2  # the next batch is ready while a step runs, and one more for a slow file
 # How far ahead of the step being trained a pipeline error can come from: the prefetched batches,
@@ -157,14 +160,14 @@ class TFData:
         if packed:
             load = load.packed
         if self.read_many is None:
-            return ds.map(load, num_parallel_calls=self.threads)
+            return ds.map(as_is(load), num_parallel_calls=self.threads)
         read = self.read_many[split]
 
         def with_bytes(*element):  # a chunk of indices (and their draws): their bytes too
             data = tf.numpy_function(read, [element[0]], tf.string, stateful=False)
             return (*element, tf.ensure_shape(data, [None]))
-        ds = ds.batch(READ_PER_CALL).map(with_bytes).unbatch()
-        return ds.map(lambda *element: load(*element[:-1], data=element[-1]), num_parallel_calls=self.threads)
+        ds = ds.batch(READ_PER_CALL).map(as_is(with_bytes)).unbatch()
+        return ds.map(as_is(lambda *element: load(*element[:-1], data=element[-1])), num_parallel_calls=self.threads)
 
     def _split_loader(self, split: str):
         return self.load_train if split == "train" else self.load_val
@@ -175,7 +178,7 @@ class TFData:
         if self.per_sample:  # image files
             ds = self.decoded(ds, split).batch(batch_size, drop_remainder=drop_remainder)
         else:
-            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(self._split_loader(split))
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(as_is(self._split_loader(split)))
         return ds.prefetch(PREFETCH_BATCHES).with_options(self.options())
 
 
@@ -233,8 +236,8 @@ class FitImages:
             samples = tf.ensure_shape(tf.numpy_function(order, [epoch], tf.int64, stateful=False), [n])
             return with_draws(tf.data.Dataset.from_tensor_slices(samples), seed, epoch)
 
-        return (data.decoded(tf.data.Dataset.range(first_epoch, max(self.epochs, first_epoch)).flat_map(epoch_samples),
-                             "train")
+        epochs = tf.data.Dataset.range(first_epoch, max(self.epochs, first_epoch))
+        return (data.decoded(epochs.flat_map(as_is(epoch_samples)), "train")
                 .batch(self.batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES).with_options(data.options()))
 
 
@@ -318,7 +321,7 @@ def with_draws(samples: tf.data.Dataset, seed: int, epoch) -> tf.data.Dataset:
     def batch_draws(indices):
         found = tf.numpy_function(draws, [indices, epoch], tf.float64, stateful=False)
         return indices, tf.ensure_shape(found, [None, augment.DRAWS])
-    return samples.batch(DRAWS_PER_CALL).map(batch_draws).unbatch()
+    return samples.batch(DRAWS_PER_CALL).map(as_is(batch_draws)).unbatch()
 
 
 def _encoded_shape(data):
