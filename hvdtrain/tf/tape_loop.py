@@ -108,7 +108,14 @@ class TapeJob(Job):
         gradient() returns the gradients averaged over ranks. Sources may be Keras 3 variables:
         Horovod is handed the tf.Variable inside each, so that a site's Horovod without the
         Keras 3 fixes works too ('Variable' object has no attribute 'ref')."""
-        return _TfVariableSources(self.backend.distributed_tape(tape, self.cfg))
+        import tensorflow as tf
+
+        sources = _TfVariableSources(self.backend.distributed_tape(tape, self.cfg))
+        # Called from the user's tf.function, whose AutoGraph would otherwise convert Horovod's
+        # gradient() and everything it calls at the first trace (about 2 CPU-s a rank here); it
+        # branches on Python values only, so it is traced as it is.
+        sources.gradient = tf.autograph.experimental.do_not_convert(sources.gradient)
+        return sources
 
     # ------------------------------------------------------------------ data
     def shard(self, *arrays):
