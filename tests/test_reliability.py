@@ -2,14 +2,17 @@
 timeout far below the hang it guards against): the watchdog ends a job with a frozen or blocked
 rank, ranks given different options fail at start-up, a diverging run stops without a
 checkpoint, a resume with another global batch is refused or done right, unwritable outputs fail
-before the first step, a full disk at save ends every rank with one line."""
+before the first step, a full disk at save ends every rank with one line, a crashing rank names
+its Python line."""
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -373,3 +376,22 @@ def test_ranks_on_one_host_listen_on_loopback_only(frozen_torch_job):
     env["OMPI_MCA_btl"] = "self,vader,tcp"
     doctor = launch("mpirun", 2, [PYTHON, "-m", "hvdtrain.doctor", *lenient], timeout=180, env=env)
     assert "reachable from other hosts" in doctor.output and "(yours, kept:" in doctor.output, doctor.output[-3000:]
+
+
+def test_a_rank_crashing_after_hvd_init_names_its_python_stack_then_open_mpis():
+    """start_horovod enables Python's fault handler after MPI_Init (whose handlers print a native
+    backtrace only, once a lone libc frame in a 3-node job here): a segmentation fault names the
+    Python line, then Open MPI's handler still runs."""
+    code = ("import ctypes, horovod.torch as hvd\n"
+            "from hvdtrain.config import TrainConfig\n"
+            "from hvdtrain.horovod_ops import start_horovod\n"
+            "start_horovod(hvd, TrainConfig(), on_cpu=True, cores_per_rank=1)\n"
+            "def crash_here():\n"
+            "    ctypes.string_at(0)\n"
+            "crash_here()\n")
+    env = {k: v for k, v in base_env().items() if k != "PYTHONFAULTHANDLER"}
+    out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "Fatal Python error: Segmentation fault" in out.stderr, out.stderr[-3000:]
+    assert re.search(r'File "<string>", line 6 in crash_here', out.stderr), out.stderr[-3000:]
+    assert "Process received signal" in out.stderr, out.stderr[-3000:]  # Open MPI's, after Python's
