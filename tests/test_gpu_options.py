@@ -50,8 +50,11 @@ def test_channels_last_under_horovod_trains_as_the_default_layout_does(tmp_path)
     assert [r["channels_last"] for r in default["ranks"]] == [False, False]
     assert_ranks_equal(nhwc)
     assert len(losses(nhwc)) == 3
-    # Same maths in another memory layout: equal up to the order of float additions.
-    assert losses(nhwc) == pytest.approx(losses(default), rel=1e-4)
+    # Same maths in another memory layout: equal up to the kernels' rounding, which depends on the
+    # CPU: oneDNN picks other convolution kernels per layout and per instruction set (1e-5 apart on
+    # one machine of this kind, 2e-3 on another). A layout bug (weights taken in the wrong order,
+    # a rank's gradients missing) moves the losses by more, and splits the ranks' weights.
+    assert losses(nhwc) == pytest.approx(losses(default), rel=1e-2)
 
 
 def _set_loss_scale(ckpt_dir, scale: float, growth_tracker: int) -> float:

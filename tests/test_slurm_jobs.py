@@ -129,7 +129,11 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
     user's cancel). The job script is the generator's, as the templates are (test_slurm_generator.py)."""
     cwd = str(tmp_path)
     job_id, log = submit(imagefolder_job["script"], cwd)
-    wait_until("training start", lambda: "hvdtrain.torch: config:" in tail(log, 10**6), 300, job_id, log, 0.2)
+    # Signalled once steps are being made (the progress bar counts one or more), not at the config
+    # line: on a slower machine the first step (the workers' start) can outlast the cluster's
+    # KillWait (10 s), and scancel's SIGKILL then came before the step boundary where the ranks stop.
+    stepping = re.compile(r"epoch [1-3]/\d+: .*\| *[1-9]\d*/\d+ \[")
+    wait_until("training steps", lambda: stepping.search(tail(log, 10**6)), 300, job_id, log, 0.2)
     run(["scancel", "--signal=USR1", job_id] if how == "usr1" else ["scancel", job_id])
     info = wait_for_end(job_id, log, timeout=600 if how == "usr1" else 120, restarts=1 if how == "usr1" else 0)
     text = tail(log, 10**6)
