@@ -86,6 +86,7 @@ class HorovodGuards(pl.Callback):
         self.stop = StopRequest()
         self.steps_since_vote = 0
         self.window = torch.zeros(2, dtype=torch.float64, device=trainer.strategy.root_device)
+        self.on_train_epoch_start(trainer, pl_module)  # a resume in the middle of an epoch starts no epoch
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.stopped_by == "SIGUSR1" and self.is_rank0 and os.environ.get("SLURM_JOB_ID") \
@@ -218,7 +219,7 @@ class HorovodGuards(pl.Callback):
         newest = hpc_checkpoints(self.directory) if self.is_rank0 else []
         number = trainer.strategy.broadcast(newest[-1][0] + 1 if newest else 1)
         path = os.path.join(self.directory, f"hpc_ckpt_{number}.ckpt")
-        trainer.save_checkpoint(path)  # rank 0 writes; every rank returns after it
+        trainer.save_checkpoint(path, weights_only=False)  # rank 0 writes; every rank returns after it
         if self.is_rank0:
             for _, old in hpc_checkpoints(self.directory)[:-self.keep]:
                 os.remove(old)

@@ -11,7 +11,7 @@ Registered as "horovod" by `import hvdtrain.lightning`. What it does, and why:
   parameters only, `accumulate_grad_batches` as its backward passes per step). The allreduces
   start in backward; the strategy waits for them (`synchronize`) right after the step's closure,
   so the precision plugin unscales (16-mixed), clips and steps averaged gradients, and the step
-  itself never reduces again (`skip_synchronize`).
+  itself never reduces again (`skip_synchronize` around each step).
 - Lightning's collectives (`self.log(sync_dist=True)`, `all_gather`, `broadcast`, `barrier`) and
   torchmetrics' state sync go through Horovod: no torch.distributed process group is started.
 - BatchNorm statistics (per rank under Horovod, which reduces gradients only) are averaged before
@@ -78,7 +78,6 @@ class HorovodStrategy(ParallelStrategy):
         self.guard_options = {"checkpoint_every": checkpoint_every, "watchdog_seconds": watchdog_seconds,
                               "divergence_factor": divergence_factor}
         self._num_nodes = 1
-        self._skip_sync = contextlib.ExitStack()
         self.sync_seconds = 0.0  # time spent waiting for the gradients' allreduce (the guards' breakdown)
         try:
             self._start(fusion_threshold_mb, cycle_time_ms)
@@ -237,9 +236,6 @@ class HorovodStrategy(ParallelStrategy):
                 config.scheduler.optimizer = wrapped  # the same param_groups: the schedule goes on
                 if self.scale_lr and hasattr(config.scheduler, "base_lrs"):
                     config.scheduler.base_lrs = [lr * self.world_size for lr in config.scheduler.base_lrs]
-        if self.op != "adasum":
-            # The strategy synchronizes after the closure (optimizer_step): step() must not again.
-            self._skip_sync.enter_context(wrapped.skip_synchronize())
         return wrapped
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs):
@@ -248,7 +244,11 @@ class HorovodStrategy(ParallelStrategy):
             self._synchronize(optimizer)
             return result
 
-        return super().optimizer_step(optimizer, closure_then_synchronize, model, **kwargs)
+        # The closure synchronized: step() must not reduce again (Adasum's step is its reduction).
+        # Entered at each step: Horovod's load_state_dict (a resume) resets the setting.
+        skip = contextlib.nullcontext() if self.op == "adasum" else optimizer.skip_synchronize()
+        with skip:
+            return super().optimizer_step(optimizer, closure_then_synchronize, model, **kwargs)
 
     def _synchronize(self, optimizer) -> None:
         if self.op == "adasum":
@@ -338,6 +338,3 @@ class HorovodStrategy(ParallelStrategy):
         sys.stdout.flush()
         os._exit(130 if isinstance(exception, KeyboardInterrupt) else 1)
 
-    def teardown(self) -> None:
-        self._skip_sync.close()
-        super().teardown()

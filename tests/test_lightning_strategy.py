@@ -1,0 +1,191 @@
+"""`import hvdtrain.lightning` + `pl.Trainer(strategy="horovod")` on a user's LightningModule
+(tests/scripts/lightning_user.py, shaped as the courses write one: a LightningDataModule over a
+plain DataLoader, configure_optimizers with an LR schedule, self.log(sync_dist=True)), under real
+`mpirun -np 2` and `srun` on the suite's Slurm cluster, against the same script under `ddp`."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import PYTHON, REPO, base_env, launch
+from slurm_helpers import job_info, run, submit, tail, wait_for_end, wait_until
+
+pytestmark = pytest.mark.slow  # real ranks: the distributed tier
+
+SCRIPT = os.path.join(REPO, "tests", "scripts", "lightning_user.py")
+STEPS_PER_EPOCH = 8  # 256 samples, 2 ranks, 16 a batch
+
+
+def fit(tmp_path, name: str, *args: str, check: bool = True, timeout: float = 180):
+    """mpirun -np 2 of the user's script; (each rank's record, the launch)."""
+    out = tmp_path / name
+    done = launch("mpirun", 2, [PYTHON, SCRIPT, "--out", str(out), "--root", str(tmp_path / f"{name}-root"), *args],
+                  timeout=timeout, check=check)
+    ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"{name}.rank*.json"))]
+    return ranks, done
+
+
+def params(record) -> dict:
+    return {k: torch.tensor(v) for k, v in record["state"].items()}
+
+
+def relative_distance(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).norm() / b[k].norm()) for k in b)
+
+
+@pytest.fixture(scope="module")
+def horovod_and_ddp(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lightning")
+    return tmp, fit(tmp, "horovod", "--epochs", "2")[0], fit(tmp, "ddp", "--strategy", "ddp", "--epochs", "2")[0]
+
+
+def test_horovod_strategy_trains_as_ddp_does(horovod_and_ddp):
+    _, horovod, ddp = horovod_and_ddp
+    # Horovod's ranks, as Lightning reports them; Horovod's optimizer, the LR as under ddp.
+    assert [(r["rank"], r["world_size"], r["local_rank"], r["node_rank"]) for r in horovod] == [(0, 2, 0, 0), (1, 2, 1, 0)]
+    assert {r["strategy"] for r in horovod} == {"HorovodStrategy"} and {r["strategy"] for r in ddp} == {"DDPStrategy"}
+    assert {r["optimizer"] for r in horovod} == {"horovod.torch.optimizer"}
+    assert [r["lr"] for r in horovod] == [r["lr"] for r in ddp]
+    # Each rank its half of each epoch (the sampler injected, its epoch set), the same as ddp's.
+    for records in (horovod, ddp):
+        assert [r["batches"] for r in records] == [2 * STEPS_PER_EPOCH] * 2
+        for epoch in range(2):
+            halves = [set(r["seen"][epoch * 128:(epoch + 1) * 128]) for r in records]
+            assert not halves[0] & halves[1] and len(halves[0] | halves[1]) == 256
+    assert [r["seen"] for r in horovod] == [r["seen"] for r in ddp]
+    assert horovod[0]["seen"][:128] != horovod[0]["seen"][128:]  # set_epoch: another order each epoch
+    # Ranks end with equal weights; the same first losses as ddp (the same start, rank 0's weights),
+    # and the same final weights within float rounding of the two allreduces (2 ranks: equal here).
+    assert horovod[0]["state"] == horovod[1]["state"]
+    assert [r["losses"][0] for r in horovod] == [r["losses"][0] for r in ddp]
+    assert relative_distance(params(horovod[0]), params(ddp[0])) < 1e-5
+    assert horovod[0]["losses"][-1] < horovod[0]["losses"][0]
+
+
+def test_accumulated_batches_match_the_doubled_batch(horovod_and_ddp, tmp_path):
+    """accumulate_grad_batches=2 at 8 a batch: Horovod reduces once per step (backward passes per
+    step 2), over the same 16 samples a rank as one batch of 16: the same weights."""
+    _, horovod, _ = horovod_and_ddp
+    accumulated, _ = fit(tmp_path, "acc", "--batch-size", "8", "--accumulate", "2", "--epochs", "2")
+    assert [r["global_step"] for r in accumulated] == [2 * STEPS_PER_EPOCH] * 2
+    assert [r["batches"] for r in accumulated] == [4 * STEPS_PER_EPOCH] * 2
+    assert accumulated[0]["state"] == accumulated[1]["state"]
+    assert relative_distance(params(accumulated[0]), params(horovod[0])) < 1e-5
+
+
+def test_bf16_mixed_trains_with_clipping(tmp_path):
+    records, _ = fit(tmp_path, "bf16", "--precision", "bf16-mixed", "--clip", "1.0", "--epochs", "2")
+    assert records[0]["state"] == records[1]["state"]
+    assert records[0]["losses"][-1] < records[0]["losses"][0]
+
+
+def test_ckpt_path_resume_continues_from_the_saved_epoch_and_step(horovod_and_ddp, tmp_path):
+    """Every rank loads `ckpt_path`; the third epoch then ends where an uninterrupted run's does."""
+    tmp, _, _ = horovod_and_ddp
+    saved = tmp / "horovod-root" / "ckpt" / f"epoch=1-step={2 * STEPS_PER_EPOCH}.ckpt"
+    assert saved.exists(), os.listdir(saved.parent)
+    resumed, _ = fit(tmp_path, "resumed", "--epochs", "3", "--ckpt-path", str(saved))
+    whole, _ = fit(tmp_path, "whole", "--epochs", "3")
+    assert [r["started_at"] for r in resumed] == [{"epoch": 2, "global_step": 2 * STEPS_PER_EPOCH}] * 2
+    assert [r["global_step"] for r in resumed] == [3 * STEPS_PER_EPOCH] * 2
+    assert [r["batches"] for r in resumed] == [STEPS_PER_EPOCH] * 2
+    assert resumed[0]["state"] == resumed[1]["state"]
+    assert relative_distance(params(resumed[0]), params(whole[0])) < 1e-6
+
+
+def test_an_exception_on_rank_1_ends_both_ranks_with_one_line(tmp_path):
+    start = time.monotonic()
+    _, done = fit(tmp_path, "fail", "--fail-at", "1:5", check=False, timeout=60)
+    assert done.returncode != 0 and time.monotonic() - start < 60, done.output[-3000:]
+    lines = re.findall(r"hvdtrain\.lightning: error \[rank (\d)/2\] at step (\d+) \(epoch 0\): (.*)", done.output)
+    assert lines == [("1", "5", "ValueError: a bad sample on rank 1; ending this rank (the launcher ends the others)")], \
+        done.output[-3000:]
+    assert "Traceback" in done.output  # the failing rank's own, above its line
+
+
+def test_a_nan_loss_stops_every_rank_without_a_checkpoint(tmp_path):
+    _, done = fit(tmp_path, "nan", "--diverge-at", "5", check=False, timeout=60)
+    assert done.returncode != 0, done.output[-3000:]
+    assert re.search(r"hvdtrain\.lightning: error \[rank \d/2\]: the training loss is nan at step 6: training "
+                     r"diverged .*the newest checkpoint is none", done.output), done.output[-3000:]
+    assert not list((tmp_path / "nan-root").glob("hpc_ckpt_*.ckpt"))
+
+
+def test_a_stop_signal_checkpoints_every_rank_at_one_step_and_hpc_resumes(tmp_path):
+    """SIGUSR1 to mpirun (which hands it to both ranks): they vote, stop at one step, rank 0
+    writes hpc_ckpt_1.ckpt; `fit(ckpt_path="hpc")` (what Lightning does by itself under Slurm)
+    continues from that step to the end."""
+    root = tmp_path / "stop-root"
+    cmd = ["mpirun", "-np", "2", "--bind-to", "none", PYTHON, SCRIPT, "--out", str(tmp_path / "stop"), "--root",
+           str(root), "--epochs", "3", "--step-sleep", "0.2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env(),
+                            start_new_session=True)
+    try:
+        time.sleep(8)  # start-up, then a few steps of 0.2 s
+        proc.send_signal(signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = re.search(r"stopped by SIGUSR1 at step (\d+) \(epoch \d\); checkpoint written: (\S+hpc_ckpt_1\.ckpt)", out)
+    assert proc.returncode == 0 and stopped, out[-3000:]
+    step = int(stopped.group(1))
+    records = [json.loads((tmp_path / f"stop.rank{r}.json").read_text()) for r in (0, 1)]
+    assert 0 < step < 3 * STEPS_PER_EPOCH and [r["global_step"] for r in records] == [step, step]
+    resumed, _ = fit(tmp_path, "stop-resumed", "--epochs", "3", "--root", str(root), "--ckpt-path", "hpc")
+    assert [r["started_at"]["global_step"] for r in resumed] == [step, step]
+    assert [r["global_step"] for r in resumed] == [3 * STEPS_PER_EPOCH] * 2
+
+
+LIGHTNING_JOB = """#!/bin/bash
+#SBATCH --job-name=hvdtrain-lightning
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --time=10
+#SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --open-mode=append
+srun --mpi=pmix {extra} {python} {script} --out {out} --root {root} --epochs 3 --step-sleep 0.2 {args}
+"""
+
+
+def lightning_job(tmp_path, args: str = "", extra: str = "") -> str:
+    script = tmp_path / "job.sbatch"
+    script.write_text(LIGHTNING_JOB.format(python=PYTHON, script=SCRIPT, out=tmp_path / "job", root=tmp_path / "root",
+                                           args=args, extra=extra))
+    return str(script)
+
+
+def test_usr1_under_slurm_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
+    """`scancel --signal=USR1` (as `#SBATCH --signal=USR1@T` before the limit): the ranks stop at one
+    step with a checkpoint, rank 0 requeues the job, and the requeued job's `fit` (no ckpt_path)
+    resumes from it as Lightning does under Slurm, then completes."""
+    job_id, log = submit(lightning_job(tmp_path), str(tmp_path))
+    wait_until("training steps", lambda: "step time:" in tail(log, 10**6), 240, job_id, log, 0.5)
+    run(["scancel", "--signal=USR1", job_id])
+    info = wait_for_end(job_id, log, timeout=300, restarts=1)
+    text = tail(log, 10**6)
+    stopped = re.search(r"stopped by SIGUSR1 at step (\d+) \(epoch \d\); checkpoint written", text)
+    assert stopped and f"job {job_id} requeued" in text, text[-4000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
+    records = [json.loads((tmp_path / f"job.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["started_at"]["global_step"] for r in records] == [int(stopped.group(1))] * 2
+    assert [r["global_step"] for r in records] == [3 * STEPS_PER_EPOCH] * 2
+
+
+def test_an_exception_under_srun_ends_the_job(slurm_cluster, tmp_path):
+    job_id, log = submit(lightning_job(tmp_path, "--fail-at 1:3", "--kill-on-bad-exit=1"), str(tmp_path))
+    info = wait_for_end(job_id, log, timeout=120)
+    text = tail(log, 10**6)
+    assert info["JobState"] == "FAILED", (info, text[-4000:])
+    assert "hvdtrain.lightning: error [rank 1/2] at step 3 (epoch 0): ValueError: a bad sample on rank 1" in text, \
+        text[-4000:]
+    assert job_info(job_id)["JobState"] == "FAILED"
