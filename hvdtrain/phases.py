@@ -123,5 +123,6 @@ def slowest_rank_line(ranks: list[dict], even_within: float = 0.05) -> str:
     mine, theirs = slow["phases_ms"][phase], peers_median(lambda r: r["phases_ms"][phase], slow)
     above = f"{100.0 * (mine / theirs - 1):.0f} % above" if theirs > 0 else "above"
     wait = peers_median(lambda r: r["phases_ms"]["sync"], slow) - slow["phases_ms"]["sync"]
-    return (f"slowest rank {slow['rank']} ({slow['host']}): {phase} {mine:.1f} ms/step, {above} the other "
+    host = f" ({slow['host']})" if slow.get('host') else ""
+    return (f"slowest rank {slow['rank']}{host}: {phase} {mine:.1f} ms/step, {above} the other "
             f"ranks' median ({theirs:.1f}); the other ranks wait {max(0.0, wait):.1f} ms/step for it in sync")

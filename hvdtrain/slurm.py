@@ -7,7 +7,8 @@
     sbatch train.sbatch
 
 Everything after `--` goes to `python -m hvdtrain.torch` (or `hvdtrain.tf`) and is checked against
-that trainer's options. `$NAME` and `${NAME}` in an argument are left for the job's shell to expand
+that trainer's options; with `--script FILE.py` (your own script, e.g. a Lightning one) to that
+script, unchecked. `$NAME` and `${NAME}` in an argument are left for the job's shell to expand
 (`'$DATA_DIR'` above); everything else is quoted literally, `$(...)` included. Control characters
 (a newline) are refused in every value.
 
@@ -27,6 +28,7 @@ rewrites them from those lines.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -112,6 +114,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), help="a site's node shape and rules")
     p.add_argument("--framework", choices=("torch", "tf"), default="torch",
                    help="the trainer the job runs: python -m hvdtrain.torch or hvdtrain.tf (default: torch)")
+    p.add_argument("--script", metavar="FILE.py",
+                   help="your own training script (a Lightning one with strategy=\"horovod\", say) instead of "
+                        "hvdtrain's trainer: the options after `--` go to it unchecked; it finds the run directory "
+                        "in $HVDTRAIN_RUN_DIR (Lightning's default_root_dir, for its resume after a requeue)")
     p.add_argument("--doctor", action="store_true",
                    help="a short job that checks the stack on these nodes (python -m hvdtrain.doctor) "
                         "instead of training; options after `--` go to the doctor")
@@ -167,10 +173,16 @@ class Job:
     trainer_args: tuple
     note: str
     doctor: bool = False
+    script: str | None = None  # the user's own script, run instead of the trainer
 
     @property
     def module(self) -> str:
         return "hvdtrain.doctor" if self.doctor else f"hvdtrain.{self.framework}"
+
+    @property
+    def program(self) -> list[str]:
+        """What srun starts after `python`."""
+        return [shlex.quote(self.script)] if self.script else ["-m", self.module]
 
 
 def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
@@ -231,7 +243,13 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
                                  f"--wait=<--srun-wait>; use {instead}")
     _check_setup(args.setup)
     trainer_args = list(trainer_args)
-    if args.doctor:
+    if args.script:
+        if args.doctor:
+            raise UsageError("--script and --doctor: a job runs one of them")
+        if not args.script.endswith(".py") or not os.path.isfile(args.script):
+            raise UsageError(f"--script {args.script}: no such Python file (a path from the directory you will "
+                             f"submit the job from)")
+    elif args.doctor:
         _check_doctor_args(trainer_args)
     else:
         _check_trainer_args(args.framework, trainer_args)
@@ -250,9 +268,11 @@ def check_options(args: argparse.Namespace, trainer_args: list[str]) -> Job:
     note = preset.note if preset else ("CPU-only" if args.cpu_only else "generic GPU nodes")
     return Job(args.framework, args.nodes, tasks, gpus, cpus, args.time, args.signal_lead, hint, partition,
                args.account, args.reservation, args.qos,
-               args.job_name or ("hvdtrain-doctor" if args.doctor else f"hvdtrain-{args.framework}"),
+               args.job_name or ("hvdtrain-doctor" if args.doctor else
+                                 f"hvdtrain-{os.path.basename(args.script)[:-3]}" if args.script else
+                                 f"hvdtrain-{args.framework}"),
                tuple(args.sbatch_option), tuple(args.srun_option), args.srun_wait, tuple(args.setup),
-               tuple(trainer_args), note, args.doctor)
+               tuple(trainer_args), note, args.doctor, args.script)
 
 
 def _check_setup(lines: list[str]) -> None:
@@ -347,7 +367,7 @@ def render(job: Job, command: str) -> str:
             sb.append((name, getattr(job, name), None))
     lines = ["#!/bin/bash", CREDIT + command,
              f"# {job.note}: {job.nodes} node(s) x {job.tasks_per_node} rank(s) = {total} rank(s), "
-             f"python -m {job.module}."]
+             f"python {' '.join(job.program)}."]
     for name, value, why in sb:
         directive = f"#SBATCH --{name}" + ("" if value is None else f"={value}")
         lines.append(f"{directive:<37} # {why}" if why else directive)
@@ -381,10 +401,13 @@ def render(job: Job, command: str) -> str:
     lines.append("# or load it here, e.g. `module load ...` or `source venv/bin/activate` (--setup).")
     lines += job.setup
     trainer = [_shell_word(a) for a in job.trainer_args]
-    if not _has_option(job.trainer_args, "--checkpoint-dir"):
-        trainer.append('--checkpoint-dir "$RUN_DIR/checkpoints"')
-    if not _has_option(job.trainer_args, "--result-json"):
-        trainer.append('--result-json "$RUN_DIR/result.json"')
+    if job.script:
+        lines.append('export HVDTRAIN_RUN_DIR="$RUN_DIR"   # your script\'s checkpoints (Lightning: default_root_dir)')
+    else:
+        if not _has_option(job.trainer_args, "--checkpoint-dir"):
+            trainer.append('--checkpoint-dir "$RUN_DIR/checkpoints"')
+        if not _has_option(job.trainer_args, "--result-json"):
+            trainer.append('--result-json "$RUN_DIR/result.json"')
     lines += _srun_comment(job)
     lines.append(" ".join(_srun(job)) + " \\")
     lines += _wrap(trainer, "    ")
@@ -393,7 +416,7 @@ def render(job: Job, command: str) -> str:
 
 def _srun(job: Job) -> list[str]:
     return ["srun", "--kill-on-bad-exit=1", f"--wait={job.srun_wait}", *map(shlex.quote, job.srun_options),
-            "python", "-m", job.module]
+            "python", *job.program]
 
 
 def _srun_comment(job: Job) -> list[str]:

@@ -9,11 +9,14 @@
 The other Trainer arguments stay as they are for `ddp` (`devices` the processes a node runs, or 1
 in each process as Lightning 1.x's Horovod had it). Horovod's options and hvdtrain's guards come
 with the class: `strategy=hvdtrain.lightning.HorovodStrategy(compression="fp16", checkpoint_every="30m")`.
-What the guards do: hvdtrain/lightning/guards.py. Needs Lightning 2.x (`pip install lightning`).
+What the guards do: hvdtrain/lightning/guards.py; hvdtrain's image pipeline as a data module:
+hvdtrain/lightning/data.py; your module under ddp and horovod side by side: hvdtrain/lightning/
+compare.py. Needs Lightning 2.x (`pip install lightning`).
 """
-from hvdtrain.lightning.guards import HorovodGuards
+from hvdtrain.lightning.data import ImageDataModule
+from hvdtrain.lightning.guards import Guards
 from hvdtrain.lightning.strategy import HorovodStrategy
 
 HorovodStrategy.register()
 
-__all__ = ["HorovodGuards", "HorovodStrategy"]
+__all__ = ["Guards", "HorovodStrategy", "ImageDataModule"]

@@ -1,7 +1,7 @@
-"""`HorovodGuards`: hvdtrain's guards for a Lightning run, as one callback (added by
+"""`Guards`: hvdtrain's guards for a Lightning run, as one callback (added by
 HorovodStrategy unless `guards=False`; under another strategy, pass it in `callbacks=`).
 
-    trainer = pl.Trainer(strategy="horovod", callbacks=[HorovodGuards(checkpoint_every="30m")])
+    trainer = pl.Trainer(strategy="horovod", callbacks=[Guards(checkpoint_every="30m")])
 
 - Stop signals: Slurm's SIGUSR1 (`#SBATCH --signal=USR1@600`) or SIGTERM (scancel, preemption)
   only set a flag; every rank votes at the same step (each `log_every_n_steps` optimizer steps),
@@ -55,7 +55,7 @@ def hpc_checkpoints(directory: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-class HorovodGuards(pl.Callback):
+class Guards(pl.Callback):
     def __init__(self, checkpoint_every: str | int | None = None, watchdog_seconds: float | None = None,
                  divergence_factor: float = 1000.0, keep: int = 3, vote_every_n_steps: int | None = None):
         # The options' own checks (hvdtrain/config.py), as the command line's.
@@ -70,6 +70,9 @@ class HorovodGuards(pl.Callback):
         self.stop = None
         self.first_loss: float | None = None
         self._said_data_bound = False
+        # Seconds waited so far for the gradients' reduction, where the strategy measures it apart
+        # (HorovodStrategy sets this): the breakdown's sync. Otherwise inside compute.
+        self.gradient_wait_seconds = lambda: 0.0
 
     # ------------------------------------------------------------------ start and end
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -144,9 +147,7 @@ class HorovodGuards(pl.Callback):
         self.seconds["other"] += self.batch_end_at - now if self.timing else 0.0
 
     def _sync_seconds(self, trainer) -> float:
-        from hvdtrain.lightning.strategy import HorovodStrategy
-
-        return trainer.strategy.sync_seconds if isinstance(trainer.strategy, HorovodStrategy) else 0.0
+        return self.gradient_wait_seconds()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self.watchdog is not None:

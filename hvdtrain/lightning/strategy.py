@@ -39,6 +39,7 @@ from hvdtrain import tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, in_one_line, report_and_exit
+from hvdtrain.lightning.guards import Guards
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import threads_per_rank
@@ -61,7 +62,7 @@ class HorovodStrategy(ParallelStrategy):
     fusion_threshold_mb / cycle_time_ms: Horovod's tensor fusion buffer and cycle
     (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME); scale_lr: multiply each optimizer's LR by the
     number of ranks as Horovod's examples do (default off: the LR of your `ddp` runs);
-    guards: hvdtrain's guards callback (HorovodGuards) added unless you pass one, with
+    guards: hvdtrain's guards callback (Guards) added unless you pass one, with
     checkpoint_every ("30m", "90s", or steps), watchdog_seconds and divergence_factor."""
 
     strategy_name = "horovod"
@@ -199,10 +200,11 @@ class HorovodStrategy(ParallelStrategy):
             self._refuse_unsupported(trainer)
             self.optimizers = [self._distributed(optimizer, trainer) for optimizer in self.optimizers]
         if self.guards and trainer.state.fn == TrainerFn.FITTING:
-            from hvdtrain.lightning.guards import HorovodGuards
-
-            if not any(isinstance(callback, HorovodGuards) for callback in trainer.callbacks):
-                trainer.callbacks.append(HorovodGuards(**self.guard_options))
+            if not any(isinstance(callback, Guards) for callback in trainer.callbacks):
+                trainer.callbacks.append(Guards(**self.guard_options))
+        for callback in trainer.callbacks:
+            if isinstance(callback, Guards):
+                callback.gradient_wait_seconds = lambda: self.sync_seconds
 
     def _refuse_unsupported(self, trainer) -> None:
         problem = None

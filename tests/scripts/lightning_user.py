@@ -74,6 +74,14 @@ class Net(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)}
 
 
+def module():  # for python -m hvdtrain.lightning.compare --module lightning_user.py:module
+    return Net(0.05)
+
+
+def datamodule():
+    return Data(16)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", default="horovod")
