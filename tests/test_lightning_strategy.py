@@ -189,3 +189,39 @@ def test_an_exception_under_srun_ends_the_job(slurm_cluster, tmp_path):
     assert "hvdtrain.lightning: error [rank 1/2] at step 3 (epoch 0): ValueError: a bad sample on rank 1" in text, \
         text[-4000:]
     assert job_info(job_id)["JobState"] == "FAILED"
+
+
+def test_the_comparison_runs_a_users_module_under_ddp_and_horovod(tmp_path):
+    """python -m hvdtrain.lightning.compare on the user's module and data module: both strategies
+    run, with img/s each and the parity checks passed (the same batches, first losses, weights)."""
+    out = tmp_path / "cmp"
+    done = subprocess.run([PYTHON, "-m", "hvdtrain.lightning.compare", "--module", f"{SCRIPT}:module",
+                           "--datamodule", f"{SCRIPT}:datamodule", "--np", "2", "--max-epochs", "1",
+                           "--out", str(out)], env=base_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "compare.json").read_text())
+    parity = summary["parity"]
+    assert parity["passed"] and parity["samples_equal"] and parity["first_losses_equal"], parity
+    assert parity["weights_relative_distance"] is not None and parity["weights_relative_distance"] < 1e-5
+    rates = {name: summary["samples_per_sec"][name]["median"] for name in ("ddp", "horovod")}
+    assert all(rate > 0 for rate in rates.values()) and summary["horovod_over_ddp"] == rates["horovod"] / rates["ddp"]
+    for name in ("ddp", "horovod"):
+        ranks = summary["runs"][name][0]
+        assert sorted(r["rank"] for r in ranks) == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    assert {r["strategy"] for r in summary["runs"]["horovod"][0]} == {"HorovodStrategy"}
+    assert "| horovod |" in (out / "compare.md").read_text() and "PASSED" in done.stdout
+
+
+def test_the_course_shaped_example_trains_on_hvdtrains_shards(tmp_path):
+    """torch_examples/lightning_imagenet.py (torchvision ResNet, hvdtrain.lightning.ImageDataModule,
+    torchmetrics, strategy="horovod") on digit images in hvdtrain's shards, 2 ranks."""
+    from hvdtrain.datasets import write_digits_imagefolder
+
+    folder = write_digits_imagefolder(str(tmp_path / "digits"), size=32)
+    run([PYTHON, "-m", "hvdtrain.shards", "write", "--imagefolder", folder, "--out", str(tmp_path / "shards"),
+         "--shard-mb", "0.05"], timeout=120)
+    done = launch("mpirun", 2, [PYTHON, os.path.join(REPO, "torch_examples", "lightning_imagenet.py"), "--data-dir",
+                                str(tmp_path / "shards"), "--arch", "resnet18", "--image-size", "32", "--epochs", "2",
+                                "--batch-size", "16", "--lr", "0.02", "--root", str(tmp_path / "root")], timeout=240)
+    # 200 training images, 2 ranks x 16 a step: 6 steps an epoch; validation's accuracy from torchmetrics.
+    assert re.search(r"epoch 2, step 12: \{.*'val_acc': '0\.\d+'", done.output), done.output[-3000:]

@@ -38,6 +38,9 @@ from slurm_helpers import TEMPLATES, generator, run
       "--setup", "source $WORK/hvdtrain/.venv/bin/activate"], "comes after 'module purge' with no 'module load' between"),
     (["--cpu-only", "--cpus-per-task", "1", "--setup", "module load a", "--setup", "module purge"],
      "'module purge' is not followed by a 'module load'"),
+    (["--preset", "jean-zay", "--script", "no_such_train.py"], "--script no_such_train.py: no such Python file"),
+    (["--preset", "jean-zay", "--doctor", "--script", "torch_examples/lightning_imagenet.py"],
+     "--script and --doctor: a job runs one of them"),
 ])
 def test_generator_refuses_inconsistent_options(argv, says):
     done = generator(*argv)
@@ -54,6 +57,19 @@ def test_generator_refuses_inconsistent_options(argv, says):
 ])
 def test_time_limit_formats(text, seconds):
     assert gen.parse_time_limit(text) == seconds
+
+
+def test_a_script_of_yours_runs_instead_of_the_trainer():
+    """--script: srun runs the user's file with the options after `--` as given (not the trainer's,
+    so not checked against them), and the script learns the run directory, where Lightning's
+    default_root_dir must be for its resume after a requeue."""
+    script, _ = gen.generate(["--preset", "jean-zay", "--script", "torch_examples/lightning_imagenet.py", "--",
+                              "--data-dir", "$SCRATCH/shards", "--epochs", "3"])
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert srun.endswith("python torch_examples/lightning_imagenet.py \\"), srun
+    assert '--data-dir "$SCRATCH/shards" --epochs 3' in script and "--checkpoint-dir" not in script
+    assert 0 < script.find('export HVDTRAIN_RUN_DIR="$RUN_DIR"') < script.index("\nsrun ")
+    assert "#SBATCH --job-name=hvdtrain-lightning_imagenet" in script and "#SBATCH --requeue" in script
 
 
 def test_generator_writes_file_and_keeps_trainer_arguments(tmp_path):

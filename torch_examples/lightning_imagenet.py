@@ -79,6 +79,9 @@ def main():
         enable_progress_bar=False,
     )
     trainer.fit(model, datamodule=data)
+    metrics = {name: f"{float(value):.4f}" for name, value in trainer.callback_metrics.items()}
+    if trainer.is_global_zero:
+        print(f"epoch {trainer.current_epoch}, step {trainer.global_step}: {metrics}", flush=True)
 
 
 if __name__ == "__main__":

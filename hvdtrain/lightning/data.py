@@ -29,8 +29,8 @@ from hvdtrain.errors import UsageError
 
 
 def data_kind(data_dir: str) -> str:
-    """"shards" for hvdtrain's shards (an index.npz written by hvdtrain.shards), else "imagefolder"."""
-    return "shards" if os.path.isfile(os.path.join(data_dir, "index.npz")) else "imagefolder"
+    """"shards" for hvdtrain's shards (the manifest.json hvdtrain.shards writes), else "imagefolder"."""
+    return "shards" if os.path.isfile(os.path.join(data_dir, "manifest.json")) else "imagefolder"
 
 
 class _EpochLoader:
