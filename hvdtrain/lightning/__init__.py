@@ -15,8 +15,9 @@ compare.py. Needs Lightning 2.x (`pip install lightning`).
 """
 from hvdtrain.lightning.data import ImageDataModule
 from hvdtrain.lightning.guards import Guards
-from hvdtrain.lightning.strategy import HorovodStrategy
+from hvdtrain.lightning.strategy import HorovodStrategy, export_mpi_settings
 
+export_mpi_settings()
 HorovodStrategy.register()
 
 __all__ = ["Guards", "HorovodStrategy", "ImageDataModule"]
