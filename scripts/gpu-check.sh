@@ -38,6 +38,9 @@
 #             ranks sharing a GPU before 2.30: where torch's is older, FILES/libnccl.so.2[.xz] (a
 #             newer one, docs/gpu.md) is put first with LD_PRELOAD for these stages;
 #   ckpt-every the Horovod run with --checkpoint-every GPU_CHECK_CKPT_EVERY steps (50): its cost;
+#   lightning the courses' LightningModule (torch_examples/lightning_imagenet.py) under
+#             strategy="horovod" on the JPEG shards, 16-mixed and channels-last (Lightning's,
+#             lightning-utilities' and torchmetrics' wheels in FILES where the machine lacks them);
 #   profile-horovod, profile-ddp: the runs again under py-spy (FILES' wheel), where the host's time goes.
 # OUT then holds three files, well within what the GPU machine's runner hands back (8 files of 16 MiB):
 #   gpu-check.md (img/s of each run, ratios to the plain loop, settings, stages), gpu-check.json
@@ -315,6 +318,15 @@ jpeg_run() {  # [NAME ARGS...]: the Horovod run's settings and steps on the JPEG
         --dataset shards --data-dir "$WORK/jpeg/shards" --num-workers "$JPEG_WORKERS" --validation off
 }
 
+lightning_run() {  # the courses' LightningModule, strategy="horovod", on the JPEG shards: 16-mixed and
+    # channels-last on a GPU, bf16 on a CPU (torch_examples/lightning_imagenet.py); one rank, STEPS steps
+    "$PY" -c "import lightning, torchmetrics" || {
+        echo "Lightning is not importable: bring the wheels of lightning, lightning-utilities and torchmetrics in FILES"
+        return 1; }
+    "$PY" "$REPO/torch_examples/lightning_imagenet.py" --data-dir "$WORK/jpeg/shards" --arch "$MODEL" \
+        --image-size "$SIZE" --batch-size "$BATCH" --epochs 1 --max-steps "$STEPS" --root "$WORK/lightning"
+}
+
 # ---------------------------------------------------------------- two ranks sharing the GPU
 # NCCL refuses two ranks on one GPU before 2.30 ("Duplicate GPU detected"); 2.30 allows it with
 # NCCL_MULTI_RANK_GPU_ENABLE=1, which hvdtrain exports under HVDTRAIN_SHARE_GPU=1. Where torch's
@@ -393,7 +405,7 @@ shared_weights() {  # against shared-ref, the runs that wrote a checkpoint (Horo
 }
 
 # ---------------------------------------------------------------- the stages
-STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run jpeg_data jpeg_run shared_nccl launch2
+STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run jpeg_data jpeg_run lightning_run shared_nccl launch2
                  shared_common shared_run shared_weights profile_run"
 STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS STEPS BATCH JPEGS JPEG_WORKERS common
                  MODEL SIZE AMP CHANNELS_LAST WORKERS SHARED_STEPS SHARED_BATCH"
@@ -430,6 +442,7 @@ if command -v py-spy >/dev/null || [ "$DEVICE" = cuda ]; then
 fi
 stage jpeg-feeder-off 120 jpeg_run jpeg-feeder-off --feeder off || true
 stage resume 60 hvdtrain_run resume --epochs $((EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
+stage lightning 90 lightning_run || true
 if grep -q "^resume	ok" "$WORK/stages.tsv" 2>/dev/null; then
     grep -q "resumed from" "$LOGS/resume.log" || { say "resume: no 'resumed from' line in its log"; failed=1; }
 fi

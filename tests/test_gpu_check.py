@@ -24,7 +24,7 @@ MiB = 1024 * 1024
 # that only repeat one of them with another option (shared-ref-2 and shared-ref-big: shared-ref's;
 # feeder-off: horovod's; jpeg-feeder-off: jpeg's; plain-2: plain's), 45 s of the suite's time.
 STAGES = ["env", "check", "shared-nccl", "shared-ref", "shared-hvd", "shared-ddp", "shared-weights", "shared-resume",
-          "shared-doctor", "horovod", "plain", "ddp", "jpeg-data", "jpeg", "ckpt-every", "resume", "doctor"]
+          "shared-doctor", "horovod", "plain", "ddp", "jpeg-data", "jpeg", "ckpt-every", "resume", "lightning", "doctor"]
 SELECTED = "|".join(s for s in STAGES if s not in ("env", "check")) + "|profile-.*"
 
 
