@@ -118,6 +118,13 @@ def test_a_nan_loss_stops_every_rank_without_a_checkpoint(tmp_path):
     assert not list((tmp_path / "nan-root").glob("hpc_ckpt_*.ckpt"))
 
 
+def test_what_the_strategy_cannot_do_is_refused_in_one_line(tmp_path):
+    _, done = fit(tmp_path, "syncbn", "--sync-batchnorm", check=False, timeout=60)
+    assert done.returncode != 0 and re.search(r"hvdtrain\.lightning: error \[rank \d/2\]: HorovodStrategy: "
+                                              r"Trainer\(sync_batchnorm=True\) is not supported", done.output), \
+        done.output[-3000:]
+
+
 def test_a_stop_signal_checkpoints_every_rank_at_one_step_and_hpc_resumes(tmp_path):
     """SIGUSR1 to mpirun (which hands it to both ranks): they vote, stop at one step, rank 0
     writes hpc_ckpt_1.ckpt; `fit(ckpt_path="hpc")` (what Lightning does by itself under Slurm)

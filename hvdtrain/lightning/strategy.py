@@ -222,7 +222,12 @@ class HorovodStrategy(ParallelStrategy):
 
     def _refuse_unsupported(self, trainer) -> None:
         problem = None
-        if self.op == "adasum" and getattr(self.precision_plugin, "scaler", None) is not None:
+        if self._layer_sync is not None:
+            # Horovod's SyncBatchNorm reduces GPU tensors only, and torch's needs a process group:
+            # refused, never silently per rank.
+            problem = ("Trainer(sync_batchnorm=True) is not supported: BatchNorm statistics stay per rank and are "
+                       "averaged before validation and checkpoints; use strategy='ddp' for synchronised BatchNorm")
+        elif self.op == "adasum" and getattr(self.precision_plugin, "scaler", None) is not None:
             # Adasum's optimizer applies the update inside its own reduction, before a GradScaler
             # could unscale the gradients or skip a step that overflowed.
             problem = "op='adasum' with precision='16-mixed': use 'bf16-mixed' or 32-bit, or op='average'"

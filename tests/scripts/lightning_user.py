@@ -97,6 +97,7 @@ def main():
     p.add_argument("--diverge-at", type=int)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--clip", type=float)
+    p.add_argument("--sync-batchnorm", action="store_true")
     args = p.parse_args()
 
     pl.seed_everything(0)
@@ -106,6 +107,7 @@ def main():
     trainer = pl.Trainer(strategy=args.strategy, accelerator="cpu", devices=ranks_here, num_nodes=1,
                          max_epochs=args.epochs, precision=args.precision, accumulate_grad_batches=args.accumulate,
                          gradient_clip_val=args.clip, default_root_dir=args.root, log_every_n_steps=2,
+                         sync_batchnorm=args.sync_batchnorm,
                          enable_progress_bar=False, enable_model_summary=False, logger=False,
                          callbacks=[pl.callbacks.ModelCheckpoint(dirpath=os.path.join(args.root, "ckpt"),
                                                                  save_last=True, save_top_k=-1)])
