@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 
@@ -123,32 +122,6 @@ def test_what_the_strategy_cannot_do_is_refused_in_one_line(tmp_path):
     assert done.returncode != 0 and re.search(r"hvdtrain\.lightning: error \[rank \d/2\]: HorovodStrategy: "
                                               r"Trainer\(sync_batchnorm=True\) is not supported", done.output), \
         done.output[-3000:]
-
-
-def test_a_stop_signal_checkpoints_every_rank_at_one_step_and_hpc_resumes(tmp_path):
-    """SIGUSR1 to mpirun (which hands it to both ranks): they vote, stop at one step, rank 0
-    writes hpc_ckpt_1.ckpt; `fit(ckpt_path="hpc")` (what Lightning does by itself under Slurm)
-    continues from that step to the end."""
-    root = tmp_path / "stop-root"
-    cmd = ["mpirun", "-np", "2", "--bind-to", "none", PYTHON, SCRIPT, "--out", str(tmp_path / "stop"), "--root",
-           str(root), "--epochs", "3", "--step-sleep", "0.2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env(),
-                            start_new_session=True)
-    try:
-        time.sleep(8)  # start-up, then a few steps of 0.2 s
-        proc.send_signal(signal.SIGUSR1)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    stopped = re.search(r"stopped by SIGUSR1 at step (\d+) \(epoch \d\); checkpoint written: (\S+hpc_ckpt_1\.ckpt)", out)
-    assert proc.returncode == 0 and stopped, out[-3000:]
-    step = int(stopped.group(1))
-    records = [json.loads((tmp_path / f"stop.rank{r}.json").read_text()) for r in (0, 1)]
-    assert 0 < step < 3 * STEPS_PER_EPOCH and [r["global_step"] for r in records] == [step, step]
-    resumed, _ = fit(tmp_path, "stop-resumed", "--epochs", "3", "--root", str(root), "--ckpt-path", "hpc")
-    assert [r["started_at"]["global_step"] for r in resumed] == [step, step]
-    assert [r["global_step"] for r in resumed] == [3 * STEPS_PER_EPOCH] * 2
 
 
 LIGHTNING_JOB = """#!/bin/bash
