@@ -66,6 +66,11 @@ def test_horovod_strategy_trains_as_ddp_does(horovod_and_ddp):
     assert [r["losses"][0] for r in horovod] == [r["losses"][0] for r in ddp]
     assert relative_distance(params(horovod[0]), params(ddp[0])) < 1e-5
     assert horovod[0]["losses"][-1] < horovod[0]["losses"][0]
+    # The module's collectives and a torchmetrics metric: Horovod's give what DDP's process group gives.
+    assert [r["collectives"] for r in horovod] == [r["collectives"] for r in ddp]
+    assert horovod[1]["collectives"] == {"all_gather": [[0, 10], [1, 11]], "reduce_sum": 3.0, "reduce_mean": 1.5,
+                                         "reduce_max": 2.0, "broadcast": {"from": 0}, "any": True,
+                                         "samples_seen": 512.0}
 
 
 def test_accumulated_batches_match_the_doubled_batch(horovod_and_ddp, tmp_path):
@@ -79,10 +84,30 @@ def test_accumulated_batches_match_the_doubled_batch(horovod_and_ddp, tmp_path):
     assert relative_distance(params(accumulated[0]), params(horovod[0])) < 1e-5
 
 
-def test_bf16_mixed_trains_with_clipping(tmp_path):
-    records, _ = fit(tmp_path, "bf16", "--precision", "bf16-mixed", "--clip", "1.0", "--epochs", "2")
+def test_bf16_mixed_trains_with_clipping_and_interval_checkpoints(tmp_path):
+    """bf16-mixed with gradient clipping; HorovodStrategy(checkpoint_every="4"): the guards write
+    hpc_ckpt_N.ckpt every 4 optimizer steps on rank 0, the newest 3 kept."""
+    records, done = fit(tmp_path, "bf16", "--precision", "bf16-mixed", "--clip", "1.0", "--epochs", "2",
+                        "--checkpoint-every", "4")
     assert records[0]["state"] == records[1]["state"]
     assert records[0]["losses"][-1] < records[0]["losses"][0]
+    assert len(re.findall(r"hvdtrain\.lightning: checkpoint at step (4|8|12|16) \(every 4 steps\)", done.output)) == 4
+    kept = sorted((tmp_path / "bf16-root").glob("hpc_ckpt_*.ckpt"))
+    assert [p.name for p in kept] == ["hpc_ckpt_2.ckpt", "hpc_ckpt_3.ckpt", "hpc_ckpt_4.ckpt"], kept
+    assert torch.load(kept[-1], weights_only=False)["global_step"] == 2 * STEPS_PER_EPOCH
+
+
+def test_fp16_with_a_grad_scaler_unscales_averaged_gradients_once(horovod_and_ddp, tmp_path):
+    """16-mixed's path (a GradScaler: scaled loss, unscale, step) on the CPU, whose torch has fp16
+    autocast and a GradScaler (Lightning's "16-mixed" string itself means bf16 there). The strategy
+    waits for the allreduce before the scaler unscales (unscaling the local gradients while Horovod
+    writes the averaged, still scaled, ones into them would step with 65536 x the gradient) and the
+    step does not reduce again (Horovod warns when it would)."""
+    _, horovod, _ = horovod_and_ddp
+    records, done = fit(tmp_path, "fp16", "--fp16-scaler", "--epochs", "2")
+    assert records[0]["state"] == records[1]["state"]
+    assert relative_distance(params(records[0]), params(horovod[0])) < 2e-2  # fp16 rounding, not 65536 x
+    assert "skip_synchronize" not in done.output, done.output[-3000:]
 
 
 def test_ckpt_path_resume_continues_from_the_saved_epoch_and_step(horovod_and_ddp, tmp_path):
@@ -157,6 +182,7 @@ def test_usr1_under_slurm_checkpoints_requeues_and_resumes(slurm_cluster, tmp_pa
     assert stopped and f"job {job_id} requeued" in text, text[-4000:]
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-4000:])
     records = [json.loads((tmp_path / f"job.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["local_rank"], r["node_rank"]) for r in records] == [(0, 2, 0, 0), (1, 2, 1, 0)]
     assert [r["started_at"]["global_step"] for r in records] == [int(stopped.group(1))] * 2
     assert [r["global_step"] for r in records] == [3 * STEPS_PER_EPOCH] * 2
 

@@ -11,6 +11,7 @@ import time
 
 import lightning.pytorch as pl
 import torch
+import torchmetrics
 from torch.utils.data import DataLoader, TensorDataset
 
 import hvdtrain.lightning  # noqa: F401  - the one line: Trainer(strategy="horovod")
@@ -46,6 +47,8 @@ class Net(pl.LightningModule):
         self.lr, self.fail_at, self.step_sleep, self.diverge_at = lr, fail_at, step_sleep, diverge_at
         self.seen, self.losses, self.batches = [], [], 0
         self.started_at = None
+        self.samples_seen = torchmetrics.SumMetric()  # reduced over ranks when computed
+        self.collectives = None
 
     def training_step(self, batch, batch_idx):
         x, y, index = batch
@@ -55,6 +58,7 @@ class Net(pl.LightningModule):
             time.sleep(self.step_sleep)
         self.seen += index.tolist()
         self.batches += 1
+        self.samples_seen.update(torch.tensor(float(len(index))))
         loss = torch.nn.functional.cross_entropy(self.net(x), y)
         if self.diverge_at is not None and self.global_step >= self.diverge_at:
             loss = loss * float("nan")
@@ -68,6 +72,20 @@ class Net(pl.LightningModule):
 
     def on_train_start(self):
         self.started_at = {"epoch": self.current_epoch, "global_step": self.global_step}
+
+    def on_train_end(self):
+        # Lightning's collectives, as a user's module calls them: under horovod, Horovod's.
+        rank, strategy = self.global_rank, self.trainer.strategy
+        self.collectives = {
+            "all_gather": self.all_gather(torch.tensor([rank, 10 + rank])).tolist(),
+            "reduce_sum": float(strategy.reduce(torch.tensor(rank + 1.0), reduce_op="sum")),
+            "reduce_mean": float(strategy.reduce(torch.tensor(rank + 1.0))),
+            "reduce_max": float(strategy.reduce(torch.tensor(rank + 1.0), reduce_op="max")),
+            "broadcast": strategy.broadcast({"from": rank}),
+            "any": strategy.reduce_boolean_decision(rank == 1, all=False),
+            "samples_seen": float(self.samples_seen.compute()),
+        }
+        strategy.barrier()
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
@@ -98,14 +116,25 @@ def main():
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--clip", type=float)
     p.add_argument("--sync-batchnorm", action="store_true")
+    p.add_argument("--fp16-scaler", action="store_true", help="16-mixed with a GradScaler on the CPU")
+    p.add_argument("--checkpoint-every", help="HorovodStrategy(checkpoint_every=...)")
     args = p.parse_args()
 
     pl.seed_everything(0)
     fail_at = tuple(int(v) for v in args.fail_at.split(":")) if args.fail_at else None
     model = Net(args.lr, fail_at, args.step_sleep, args.diverge_at)
     ranks_here = int(os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)
-    trainer = pl.Trainer(strategy=args.strategy, accelerator="cpu", devices=ranks_here, num_nodes=1,
-                         max_epochs=args.epochs, precision=args.precision, accumulate_grad_batches=args.accumulate,
+    strategy = args.strategy
+    if args.checkpoint_every:
+        strategy = hvdtrain.lightning.HorovodStrategy(checkpoint_every=args.checkpoint_every)
+    plugins = []
+    if args.fp16_scaler:  # Lightning makes "16-mixed" bf16 on a CPU; torch's CPU GradScaler runs fp16's path
+        from lightning.pytorch.plugins import MixedPrecision
+
+        plugins = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=ranks_here, num_nodes=1, plugins=plugins,
+                         max_epochs=args.epochs, accumulate_grad_batches=args.accumulate,
+                         **({} if plugins else {"precision": args.precision}),
                          gradient_clip_val=args.clip, default_root_dir=args.root, log_every_n_steps=2,
                          sync_batchnorm=args.sync_batchnorm,
                          enable_progress_bar=False, enable_model_summary=False, logger=False,
@@ -117,7 +146,7 @@ def main():
               "node_rank": trainer.node_rank, "seen": model.seen, "batches": model.batches, "losses": model.losses,
               "started_at": model.started_at, "global_step": trainer.global_step, "epoch": trainer.current_epoch,
               "state": state, "strategy": type(trainer.strategy).__name__,
-              "optimizer": type(trainer.optimizers[0]).__module__,
+              "optimizer": type(trainer.optimizers[0]).__module__, "collectives": model.collectives,
               "lr": trainer.optimizers[0].param_groups[0]["lr"]}
     with open(f"{args.out}.rank{trainer.global_rank}.json", "w") as f:
         json.dump(record, f)
