@@ -160,3 +160,14 @@ def test_the_error_lines_rank_is_cluster_envs():
     for environ in environments:
         env = ClusterEnv.from_environ(environ)
         assert rank_label(environ) == f"rank {env.rank}/{env.world_size}", environ
+
+
+def test_the_readmes_own_loop_call_works_after_importing_hvdtrain_torch():
+    """README.md: `import hvdtrain.torch`, then `hvdtrain.torch.loop.start(...)` (an AttributeError
+    while the package loaded only `fit` on first use)."""
+    import subprocess
+    import sys
+
+    code = "import hvdtrain.torch; print(callable(hvdtrain.torch.loop.start), callable(hvdtrain.torch.fit))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]

@@ -2,8 +2,8 @@
 your own model and data (hvdtrain/torch/api.py), `python -m hvdtrain.torch --help` for the
 command line (hvdtrain/torch/train.py).
 
-Importing this package imports nothing more (its DataLoader workers import it too): `fit` is
-loaded when first used.
+Importing this package imports nothing more (its DataLoader workers import it too): `fit` and
+`loop` (your own loop, hvdtrain/torch/loop.py) are loaded when first used.
 """
 
 
@@ -12,4 +12,8 @@ def __getattr__(name):
         from hvdtrain.torch.api import fit
 
         return fit
+    if name == "loop":  # hvdtrain.torch.loop.start(...) after `import hvdtrain.torch`, as the README shows
+        import importlib
+
+        return importlib.import_module("hvdtrain.torch.loop")
     raise AttributeError(f"module 'hvdtrain.torch' has no attribute '{name}'")

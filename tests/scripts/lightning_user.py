@@ -3,10 +3,12 @@ a plain DataLoader, pl.Trainer), with `import hvdtrain.lightning` its one hvdtra
 run it under `strategy="horovod"` and `"ddp"`. Each rank writes what it saw to OUT.rank<R>.json.
 
     mpirun -np 2 python lightning_user.py --strategy horovod --out run --epochs 2
+    mpirun -np 2 python lightning_user.py --out a --root a + --out b --root b --accumulate 2   # two fits
 """
 import argparse
 import json
 import os
+import sys
 import time
 
 import lightning.pytorch as pl
@@ -100,7 +102,7 @@ def datamodule():
     return Data(16)
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", default="horovod")
     p.add_argument("--out", required=True)
@@ -118,7 +120,7 @@ def main():
     p.add_argument("--sync-batchnorm", action="store_true")
     p.add_argument("--fp16-scaler", action="store_true", help="16-mixed with a GradScaler on the CPU")
     p.add_argument("--checkpoint-every", help="HorovodStrategy(checkpoint_every=...)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     pl.seed_everything(0)
     fail_at = tuple(int(v) for v in args.fail_at.split(":")) if args.fail_at else None
@@ -153,4 +155,14 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # Several fits one after the other in one launch, their options separated by "+" (the tests'
+    # variants, without paying each one's start-up): `... --out a + --out b --accumulate 2`.
+    groups, group = [], []
+    for arg in sys.argv[1:] + ["+"]:
+        if arg == "+":
+            groups.append(group)
+            group = []
+        else:
+            group.append(arg)
+    for group in groups:
+        main(group)
