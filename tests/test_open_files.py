@@ -1,8 +1,9 @@
-"""hvdtrain/open_files.py (issue 46): a process reading samples of more shards than its open-file
-limit holds keeps at most that many open, closes the least recently read, never one a thread is
-reading, and reads the right bytes throughout; the soft limit is raised to the hard one. In a
-child process with its own, low limit (`ulimit -n` as a cluster's default), so that this one's is
-untouched."""
+"""hvdtrain/open_files.py: a process reading samples of more shards than its open-file limit holds
+keeps at most that many open, closes the least recently read, never one a thread is reading, and
+reads the right bytes throughout; the soft limit is raised to the hard one; over many epochs the
+files of earlier ones close; the readers of one process share its budget; most reads reopening a
+file is said once. In a child process with its own, low limit (`ulimit -n` as a cluster's
+default), so that this one's is untouched."""
 from __future__ import annotations
 
 import os
@@ -64,10 +65,10 @@ def run_child(folder, count, soft, hard):
 
 
 def test_more_shards_than_the_limit_holds_are_read_within_it(shard_files):
-    soft, hard, raised, keep, opened, most, errors, first = run_child(shard_files, 300, 160, 200)
-    assert (int(soft), int(hard), int(raised)) == (160, 200, 200)   # the soft limit raised to the hard
-    assert int(keep) == 200 - open_files.RESERVE                    # what fits beside the reserve
-    assert int(most) <= 200 and int(errors) == 0, (most, errors, first)
+    soft, hard, raised, keep, opened, most, errors, first = run_child(shard_files, 300, 360, 400)
+    assert (int(soft), int(hard), int(raised)) == (360, 400, 400)   # the soft limit raised to the hard
+    assert int(keep) == 400 - open_files.RESERVE                    # what fits beside the reserve
+    assert int(most) <= 400 and int(errors) == 0, (most, errors, first)
     assert int(opened) > 300                                         # files closed and opened again
 
 
@@ -78,7 +79,7 @@ def test_shards_that_fit_are_each_opened_once(shard_files):
 
 def test_a_limit_too_low_for_any_reading_is_one_line():
     with pytest.raises(UsageError, match=r"^the open-file limit is 64 \(hard 100\): too low to read 9 shards in /d, "
-                                         r"which needs at least 136 \(raise it: ulimit -n"):
+                                         r"which needs at least 264 \(raise it: ulimit -n"):
         open_files.check_limit("9 shards in /d", 64, 100)
     open_files.check_limit("9 shards in /d", 64, 1024)   # raised to 1024 at the reader's start: enough
     assert open_files.files_to_keep(1100, 1024) == 1024 - open_files.RESERVE
@@ -95,3 +96,65 @@ def test_a_worker_gets_no_descriptor_of_its_parent(shard_files):
     assert copy.pread(0, 4, 1) == bytes([1, 2, 3, 4])
     files.close()
     copy.close()
+
+
+EPOCHS = r"""
+import os, random, sys
+from hvdtrain import open_files
+
+folder, count, per_epoch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+files = open_files.OpenFiles([os.path.join(folder, f"shard-{i:03d}") for i in range(count)])
+rng = random.Random(0)
+at_ends = []
+for epoch in range(epochs):   # each epoch a rank's few shards (datasets.shard_blocked_order), read in random order
+    shards = rng.sample(range(count), per_epoch)
+    for _ in range(200 * per_epoch):
+        i = rng.choice(shards)
+        assert files.pread(i, 4, 7) == bytes((i + 7 + k) % 251 for k in range(4))
+    at_ends.append(len(files._open))
+print(files.keep, files.opened, files.most_open, max(at_ends), len(os.listdir("/proc/self/fd")))
+"""
+
+
+def test_the_files_of_earlier_epochs_close_over_a_long_run(shard_files):
+    """10 epochs of 20 shards each (a rank's share), under a limit that would hold 768: the files
+    open stay near one epoch's 20, not the 200 the epochs read in all (each shard was kept until the
+    limit, before: 90 epochs at 8 ranks reached it by the 12th); within an epoch each shard is opened
+    once (no reopening)."""
+    cmd = ["prlimit", "--nofile=1024:1024", sys.executable, "-c", EPOCHS, shard_files, "300", "20", "10"]
+    run = subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    keep, opened, most, at_epoch_ends, descriptors = map(int, run.stdout.split())
+    assert keep == 300 and most <= 2 * 20 and at_epoch_ends <= 2 * 20, run.stdout
+    assert opened <= 10 * 20 + 5, run.stdout   # each (epoch, shard) about once
+    assert descriptors < 64, run.stdout
+
+
+BUDGET = r"""
+import os, random, sys
+from hvdtrain import open_files
+
+folder = sys.argv[1]
+paths = [os.path.join(folder, f"shard-{i:03d}") for i in range(300)]
+train, val = open_files.OpenFiles(paths), open_files.OpenFiles(paths)   # a TensorFlow rank's two readers
+rng = random.Random(0)
+most = 0
+for _ in range(4000):
+    for files in (train, val):
+        i = rng.randrange(300)
+        assert files.pread(i, 4, 3) == bytes((i + 3 + k) % 251 for k in range(4))
+    most = max(most, len(os.listdir("/proc/self/fd")))
+print(train.keep, val.keep, train.most_open + val.most_open, most)
+"""
+
+
+def test_the_readers_of_one_process_share_its_budget_and_most_reads_reopening_is_said_once(shard_files):
+    cmd = ["prlimit", "--nofile=400:400", sys.executable, "-c", BUDGET, shard_files]
+    run = subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    train_keep, val_keep, held, most = map(int, run.stdout.split())
+    share = (400 - open_files.RESERVE) // 2
+    assert train_keep == val_keep == share and held <= 2 * share + 2 and most <= 400 - open_files.RESERVE + 32, \
+        run.stdout
+    said = [line for line in run.stderr.splitlines() if "open-file limit" in line]
+    assert len(said) == 1 and f"keeps {share} of the files read here open at once" in said[0], run.stderr[-2000:]

