@@ -18,8 +18,8 @@ Layout of OUT:
     val/...
 
 Samples are written in an order shuffled once (seed 0), so each shard mixes classes. Training
-reads a sample by its offset (`os.pread`; per process, each shard opened once where the open-file
-limit holds them all, else the most recently read kept open: hvdtrain/open_files.py): the order is
+reads a sample by its offset (`os.pread`; per process, the shards being read kept open, the
+others closed, within the open-file limit: hvdtrain/open_files.py): the order is
 hvdtrain's usual function of (seed, epoch), each rank its own samples, validation exact, a resume
 continues at the same sample. Each read is checked against the sample's CRC-32, so a damaged
 member is named (shard and member), never decoded into garbage or skipped.
@@ -260,7 +260,7 @@ def read_manifest(root: str | None) -> dict:
 
 class ShardReader:
     """A split's samples by index: (image bytes, label). Open files are kept per process (each
-    DataLoader worker opens its own), as many as its open-file limit allows."""
+    DataLoader worker opens its own), those it is reading now (hvdtrain/open_files.py)."""
 
     def __init__(self, root: str, split: str):
         manifest = read_manifest(root)
@@ -285,7 +285,7 @@ class ShardReader:
             raise UsageError(f"{os.path.join(root, meta['index'])} holds {len(self.index['label'])} samples, "
                              f"{MANIFEST} {meta['samples']}")
         self.labels = self.index["label"]
-        # Descriptors bounded by the open-file limit (raised to the hard one), per process
+        # Descriptors: the shards being read, within the process's share of its open-file limit
         # (hvdtrain/open_files.py): a rank's workers read a few shards an epoch in training
         # (datasets.shard_blocked_order), but a user's order may reach every one.
         open_files.check_limit(f"{len(self.shards)} shards in {root}", *open_files.raise_soft_limit())
