@@ -127,3 +127,36 @@ def test_an_error_reading_the_data_is_one_line_naming_where(how, workers, line):
             list(DeviceFeeder(loader, "cpu", threaded=threaded))
         assert "\n" not in str(err.value)
         assert re.match(line, str(err.value)), str(err.value)
+
+
+def test_a_worker_lost_while_sending_a_batch_is_said_as_a_killed_worker_not_a_broken_connection():
+    """A decode worker killed (the OOM killer) while the rank reads its batch: torch's own check
+    says "DataLoader worker ... killed by signal" when it gets there first; otherwise the rank's
+    pipe to the worker breaks inside multiprocessing (ConnectionResetError, EOFError) and the line
+    said `Connection reset by peer (.../multiprocessing/connection.py ...)`, no word of a worker
+    (3 of 7 kills). Both now say a worker of this rank ended, with the memory advice."""
+    import multiprocessing
+    import os
+
+    from hvdtrain.torch.feeder import reading_error
+
+    here, there = multiprocessing.Pipe()
+    there.close()
+    with pytest.raises(EOFError) as ended:
+        here.recv()  # the other end gone: raised from multiprocessing/connection.py
+    # A reset connection, as raised in the same module (its frames are what is looked at).
+    code = compile("def receive():\n    raise ConnectionResetError(104, 'Connection reset by peer')\n",
+                   os.path.join(os.path.dirname(multiprocessing.__file__), "connection.py"), "exec")
+    scope = {}
+    exec(code, scope)
+    with pytest.raises(ConnectionResetError) as reset:
+        scope["receive"]()
+    for err in (ended.value, reset.value):
+        line = reading_error(err)
+        assert line.startswith("reading the data: a DataLoader worker of this rank ended while it was sending a batch"), line
+        assert "out-of-memory killer" in line and "Connection reset" not in line, line
+    # The same errors raised elsewhere (a user's dataset talking to a server) stay as they are.
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError as err:
+        assert reading_error(err).startswith("reading the data: ConnectionResetError: [Errno 104]")

@@ -158,3 +158,32 @@ def test_the_readers_of_one_process_share_its_budget_and_most_reads_reopening_is
         run.stdout
     said = [line for line in run.stderr.splitlines() if "open-file limit" in line]
     assert len(said) == 1 and f"keeps {share} of the files read here open at once" in said[0], run.stderr[-2000:]
+
+
+def test_many_reads_overlap_on_threads_in_order_and_the_first_failure_is_raised():
+    """hvdtrain/parallel_reads.py (TensorFlow's chunks and --loader dali): the reads of a chunk wait
+    on the file system side by side, not one after another, and come back in the indices' order;
+    a failing read raises as the loop would, the first in order."""
+    import threading
+    import time
+
+    from hvdtrain.parallel_reads import read_many
+
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def slow_read(i):  # a parallel file system's latency, as a wait that releases the GIL
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.02)
+        with lock:
+            now[0] -= 1
+        if i in (5, 9):
+            raise OSError(f"cannot read sample {i}")
+        return bytes([i])
+
+    assert read_many(slow_read, range(5)) == [bytes([i]) for i in range(5)]
+    assert most[0] > 1  # reads in flight together
+    with pytest.raises(OSError, match="cannot read sample 5"):
+        read_many(slow_read, range(12))
+    assert read_many(slow_read, [3]) == [b"\x03"] and read_many(slow_read, []) == []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hvdtrain import augment, dali_graph, datasets
+from hvdtrain import augment, dali_graph, datasets, parallel_reads
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import data, images
 
@@ -125,8 +125,8 @@ class DaliLoader:
 
     def _run(self, batch: list[int]):
         files, labels, windows, mirrors = [], [], [], []
-        for i in batch:
-            data, label = self.source.read(i)
+        # The batch's reads overlapped on a pool of threads (hvdtrain/parallel_reads.py).
+        for i, (data, label) in zip(batch, parallel_reads.read_many(self.source.read, batch)):
             files.append(np.frombuffer(data, dtype=np.uint8))
             labels.append(label)
             if self.train:  # hvdtrain's rule (hvdtrain/augment.py), relative to the image's size
