@@ -13,6 +13,12 @@ from __future__ import annotations
 from hvdtrain import augment, datasets
 
 
+# One rule for every decoder: a JPEG's EXIF orientation is not applied. torch's decoders
+# (torchvision.io's, PIL) and TensorFlow's do not apply it, as torchvision's ImageNet reference
+# trains; DALI's do by default, and a photo marked "rotated" was then cropped in other pixels.
+EXIF_ORIENTATION = False
+
+
 def images(fn, types, *, train: bool, size: int, gpu: bool, layout: str, files, window=None, mirror=None):
     """The normalised float32 images (layout "CHW" or "HWC") of the batch whose files, windows and
     flips DALI nodes give (fn.external_source or slices of one); window and mirror: training only."""
@@ -25,11 +31,12 @@ def images(fn, types, *, train: bool, size: int, gpu: bool, layout: str, files, 
         # (1.33-2.37 on a 500x375 image where torchvision's are 0.75-1.33; issue 46).
         decoded = fn.decoders.image_slice(files, fn.slice(window, 0, 2, axes=[0]), fn.slice(window, 2, 2, axes=[0]),
                                           axis_names="HW", device=decoder, output_type=types.RGB,
-                                          normalized_anchor=True, normalized_shape=True)
+                                          normalized_anchor=True, normalized_shape=True,
+                                          adjust_orientation=EXIF_ORIENTATION)
         decoded = fn.resize(decoded, resize_x=size, resize_y=size, antialias=True)
         return fn.crop_mirror_normalize(decoded, dtype=types.FLOAT, output_layout=layout, mirror=mirror,
                                         mean=mean, std=std)
-    decoded = fn.decoders.image(files, device=decoder, output_type=types.RGB)
+    decoded = fn.decoders.image(files, device=decoder, output_type=types.RGB, adjust_orientation=EXIF_ORIENTATION)
     decoded = fn.resize(decoded, resize_shorter=int(size * augment.VAL_RESIZE), antialias=True)
     return fn.crop_mirror_normalize(decoded, dtype=types.FLOAT, output_layout=layout, crop=(size, size),
                                     mean=mean, std=std)

@@ -296,11 +296,17 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
     from hvdtrain.torch import images
 
     paths = []
-    for k, (h, w, fmt) in enumerate(((375, 500, "jpg"), (450, 300, "jpg"), (333, 500, "png"), (400, 600, "jpg"))):
+    # The last JPEG says, in EXIF, that it is to be shown rotated (orientation 6): no decoder turns
+    # it (DALI's did by default, and its crops then fell on other pixels than torch's and TF's).
+    for k, (h, w, fmt) in enumerate(((375, 500, "jpg"), (450, 300, "jpg"), (333, 500, "png"), (400, 600, "jpg"),
+                                     (300, 480, "jpg"))):
         y, x = np.mgrid[0:h, 0:w]
         picture = np.stack([x * 255 / w, y * 255 / h, 127 + 100 * np.sin(x / 23) * np.cos(y / 17)], -1)
         paths.append(str(tmp_path / f"{k}.{fmt}"))
-        Image.fromarray(picture.astype(np.uint8)).save(paths[-1], quality=95)
+        exif = Image.Exif()
+        if k == 4:
+            exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+        Image.fromarray(picture.astype(np.uint8)).save(paths[-1], quality=95, **({"exif": exif.tobytes()} if k == 4 else {}))
     torch_out = {"train": [], "val": []}
     for i, path in enumerate(paths):
         decoded = images.load_file(path)
@@ -339,8 +345,9 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
     print("\n".join(line for line, *_ in report))
     # Mean absolute differences in normalised units (one grey level is about 0.017). Seen: training
     # 0.001-0.002 (DALI), 0.004-0.016 (TensorFlow); validation 0.08-0.13 (DALI) and 0.04-0.06
-    # (TensorFlow), where torch resizes the whole image and then crops (a pixel's rounding apart
-    # at 64 px), DALI and TensorFlow crop first; another window 0.5-1.1.
+    # (TensorFlow): torch and DALI resize the whole image and then take its centre, with their own
+    # resize filters, TensorFlow crops the centre's region first (a pixel's rounding apart at 64
+    # px); another window 0.5-1.1.
     assert all(same < limit and off > 2.5 * same for _, same, off, limit in report), [line for line, *_ in report]
     # TensorFlow's --loader dali: its windows (TensorFlow's ops) through DALI's graph give torch's
     # DALI pixels exactly: the same windows, to the float32 that DALI reads.
