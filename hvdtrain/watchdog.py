@@ -16,6 +16,7 @@ limit is at least 300 s whatever S is. `--watchdog-seconds 0` turns it off.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -25,6 +26,53 @@ from hvdtrain.report import say
 FLOOR_SECONDS = 300.0
 STEP_FACTOR = 20.0
 EXIT_STALLED = 3
+# After SIGTERM (scancel, or srun --kill-on-bad-exit ending the job because a rank failed), a rank
+# that makes no progress for this long (or 3 x its slowest step) is waiting in a collective for a
+# rank that is gone: it ends itself then, not at Slurm's SIGKILL KillWait later (30-60 s at sites).
+# A healthy rank goes on stepping to the stop vote and writes its checkpoint meanwhile.
+TERM_GRACE_SECONDS = 15.0
+TERM_STEP_FACTOR = 3.0
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as if the signal had ended it
+WRITING = "writing a checkpoint"  # where a rank is while it writes: no grace cut short then
+
+
+class _SignalWatcher:
+    """SIGTERM seen by a thread as it arrives: the main thread's own handler runs only between
+    Python bytecodes, never while it waits inside a collective (Horovod's, MPI's, NCCL's). The
+    C-level handler writes each signal's number to a pipe (signal.set_wakeup_fd), read here; the
+    pipe another part of the process set before goes on receiving them."""
+
+    def __init__(self):
+        self.watchdogs: list = []
+        self.terminated_at: float | None = None
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self.previous = signal.set_wakeup_fd(write)  # the main thread only: the caller checks
+        threading.Thread(target=self._read, args=(read,), name="hvdtrain-signals", daemon=True).start()
+
+    def _read(self, fd: int) -> None:
+        while True:
+            try:
+                received = os.read(fd, 64)
+            except OSError:
+                return
+            if self.previous >= 0:
+                try:
+                    os.write(self.previous, received)
+                except OSError:
+                    pass
+            if signal.SIGTERM in received and self.terminated_at is None:
+                self.terminated_at = time.monotonic()
+
+
+_watcher: _SignalWatcher | None = None
+
+
+def _signal_watcher() -> _SignalWatcher | None:
+    global _watcher
+    if _watcher is None and threading.current_thread() is threading.main_thread():
+        _watcher = _SignalWatcher()
+    return _watcher
 
 
 class Watchdog:
@@ -38,6 +86,7 @@ class Watchdog:
         self.where = "starting up"
         self._stop = threading.Event()
         self._thread = None
+        self.signals = _signal_watcher() if self.enabled else None
         if self.enabled:
             self._thread = threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True)
             self._thread.start()
@@ -67,8 +116,23 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
+    def _terminated_and_stuck(self) -> float | None:
+        """Seconds since SIGTERM without progress, when that is over the grace; else None."""
+        since = self.signals.terminated_at if self.signals is not None else None
+        if since is None or self.where == WRITING:
+            return None
+        waited = time.monotonic() - max(since, self.last_beat)
+        return waited if waited > max(TERM_GRACE_SECONDS, TERM_STEP_FACTOR * self.slowest_step) else None
+
     def _watch(self) -> None:
         while not self._stop.wait(1.0):
+            stuck = self._terminated_and_stuck()
+            if stuck is not None:
+                say(f"{self.prog}: error [rank {self.rank}/{self.world_size}]: SIGTERM, then no progress for "
+                    f"{stuck:.0f} s ({self.where}): this rank waits in a collective for a rank that is gone (the first "
+                    f"failure is another rank's line; the launcher is ending the job); ending this rank now, not at "
+                    f"the launcher's SIGKILL (Slurm's KillWait); the newest checkpoint is unchanged", sys.stderr)
+                os._exit(EXIT_TERMINATED)
             waited, limit = time.monotonic() - self.last_beat, self.limit()
             if waited > limit:
                 how = "--watchdog-seconds" if self.fixed else f"20 x the slowest step, at least {FLOOR_SECONDS:.0f} s"

@@ -108,6 +108,41 @@ def test_watchdog_ends_the_job_when_a_rank_is_frozen(tmp_path, request, trainer)
     print(f"{trainer}: rank 1 frozen; the job ended {took:.0f} s later")
 
 
+def test_a_sigterm_while_waiting_for_a_rank_that_is_gone_ends_this_rank_at_once(tmp_path):
+    """What srun --kill-on-bad-exit does when a rank fails: SIGTERM to the others, then SIGKILL
+    Slurm's KillWait later (30-60 s at sites), while they wait in a collective for the failed rank
+    and their SIGTERM handler (Python's, in the main thread) cannot run. Here rank 1 is frozen
+    after the first checkpoint (it takes no part any more) and rank 0, waiting for it, gets
+    SIGTERM: it ends within the grace (15 s of no progress after the signal) with one line that
+    points at the first failure, not at the watchdog's limit (120 s here) or a KillWait."""
+    from hvdtrain.watchdog import TERM_GRACE_SECONDS
+
+    ckpt_dir = tmp_path / "ckpt"
+    argv = TORCH + DIGITS + ["--epochs", "200", "--checkpoint-dir", str(ckpt_dir), "--watchdog-seconds", "120"]
+    proc = start_launch("mpirun", 2, argv, env=marked_env(str(tmp_path)))
+    try:
+        wait_for("the first checkpoint", lambda: list_checkpoints(str(ckpt_dir)), 240, proc)
+        [frozen] = rank_pids(str(ckpt_dir), 1)
+        [waiting] = rank_pids(str(ckpt_dir), 0)
+        os.kill(frozen, signal.SIGSTOP)
+        time.sleep(2)  # rank 0 is in its next collective, waiting
+        os.kill(waiting, signal.SIGTERM)
+        signalled = time.monotonic()
+        run, _ = finish_launch(proc, timeout=90)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert run.returncode != 0
+    assert re.search(r"hvdtrain\.torch: error \[rank 0/2\]: SIGTERM, then no progress for \d+ s \(after step \d+\): "
+                     r"this rank waits in a collective for a rank that is gone", run.output), run.output[-4000:]
+    assert "no progress for" not in run.output.split("SIGTERM, then")[0][-300:], run.output[-4000:]  # not the watchdog
+    assert took < TERM_GRACE_SECONDS + 20, f"rank 0 ended {took:.0f} s after SIGTERM"
+    assert not processes_left(str(tmp_path))
+
+
 def test_watchdog_ends_the_job_when_a_rank_blocks_reading_data(tmp_path):
     """A validation image that is a FIFO nobody writes: the DataLoader worker whose batch holds it
     blocks in open() (as on a stalled file system), its rank waits for the worker, the other rank
