@@ -129,6 +129,28 @@ def test_a_truncated_or_missing_shard_is_refused_at_the_start(folder, tmp_path):
         shards.ShardReader(out, "train")
 
 
+def test_only_rank_0_checks_every_shards_size_at_the_start(folder, tmp_path, monkeypatch):
+    """1,143 stats a rank for ImageNet, 293 k for 256 ranks at every start and requeue: now rank 0's
+    alone (a truncated shard ends rank 0 with its line; the launcher ends the rest)."""
+    out = str(tmp_path / "shards")
+    manifest = shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
+    last = os.path.join(out, manifest["splits"]["train"]["shards"][-1]["name"])
+    with open(last, "r+b") as f:
+        f.truncate(os.path.getsize(last) - 700)
+    stats = []
+    real_getsize = os.path.getsize
+    monkeypatch.setattr(shards.os.path, "getsize", lambda p: stats.append(p) or real_getsize(p))
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    for rank in (1, 2, 3):
+        monkeypatch.setenv("OMPI_COMM_WORLD_RANK", str(rank))
+        shards.ShardReader(out, "train")
+    assert stats == []
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    with pytest.raises(UsageError, match=f"shard {last} is damaged: .* bytes"):
+        shards.ShardReader(out, "train")
+    assert len(stats) == len(manifest["splits"]["train"]["shards"])
+
+
 def test_an_unfinished_conversion_is_refused_and_an_existing_one_kept(folder, tmp_path):
     out = str(tmp_path / "shards")
     shards.write(out, *shards.imagefolder_sources(folder), progress=False)
