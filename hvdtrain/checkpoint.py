@@ -494,7 +494,10 @@ def refuse_resize(path: str, changes: list[str]) -> UsageError:
 
 def rescale_position(position: Position, saved: dict, cfg, steps_per_epoch: int) -> tuple[Position, str]:
     """The position of this run that has seen as many samples of the checkpoint's epoch (rounded
-    down: a few samples are seen again, none skipped), and what changed, in words."""
+    down), and what changed, in words. The rest of that epoch is this run's order for it from that
+    count on, not the samples the checkpoint's ranks had left: some of the epoch's samples are seen
+    twice and about as many not at all (about a quarter each at 8 -> 32 ranks halfway through an
+    epoch); the epochs after it are whole."""
     epoch, step_in_epoch, global_step = position.epoch, position.step_in_epoch, position.global_step
     old_batch = saved["batch_size"] * saved["batches_per_allreduce"] * saved["world_size"]
     seen = step_in_epoch * old_batch
