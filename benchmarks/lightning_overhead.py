@@ -42,7 +42,7 @@ def datamodule():
     """--datamodule: synthetic float images in memory (the loader costs nothing beside the step)."""
     import lightning.pytorch as pl
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import TensorDataset
 
     size, batch = int(os.environ["BENCH_IMAGE_SIZE"]), int(os.environ["BENCH_BATCH_SIZE"])
     n = int(os.environ["BENCH_SAMPLES"])
