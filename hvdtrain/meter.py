@@ -18,6 +18,7 @@ step and knows which signal stopped it. Every rank starts and stops the clock to
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -32,6 +33,16 @@ STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
 def stop_votes(signal_name: str | None) -> list[float]:
     """This rank's votes, summed over ranks with the metrics: [saw SIGUSR1, saw SIGTERM]."""
     return [float(signal_name == s) for s in STOP_SIGNALS]
+
+
+def divergence(loss: float, reference: float, factor: float, step: int, option: str) -> str | None:
+    """None while a reduced training loss is finite and at most `factor` x `reference` (the run's
+    first loss; factor 0: no bound); else the stop's words, up to the remedy each caller adds.
+    The torch and TF trainers' check and the Lightning guards' (every rank sees the same loss)."""
+    if math.isfinite(loss) and not (factor and reference > 0 and loss > factor * reference):
+        return None
+    how = "" if not math.isfinite(loss) else f", over {factor:g} x the first loss {reference:.4g} ({option})"
+    return f"the training loss is {loss:.4g} at step {step}{how}: training diverged"
 
 
 def stop_reason(usr1_votes: float, term_votes: float) -> str | None:

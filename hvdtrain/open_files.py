@@ -94,13 +94,13 @@ class OpenFiles:
         self.opened = 0  # files opened by this process: how often the limit made it reopen
         self.most_open = 0  # the most files this reader held open at once
         _readers_here.add(self)
-        raise_soft_limit()  # in this process, before its first file
+        self._soft_limit = raise_soft_limit()[0]  # in this process, before its first file
 
     @property
     def keep(self) -> int:
         """The most files this reader keeps open: its share of the process's budget."""
         readers = sum(1 for r in _readers_here if r._pid == self._pid)
-        return self.keep_asked or files_to_keep(len(self.paths), raise_soft_limit()[0], readers)
+        return self.keep_asked or files_to_keep(len(self.paths), self._soft_limit, readers)
 
     def pread(self, index: int, size: int, offset: int) -> bytes:
         if self._pid != os.getpid():  # a forked worker: its own descriptors and limit

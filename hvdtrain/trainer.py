@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
 import os
 import socket
 import time
@@ -37,13 +36,13 @@ from hvdtrain.collectives import Collectives
 from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import check_enough_samples
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception
-from hvdtrain.meter import StepMeter
+from hvdtrain.meter import StepMeter, divergence
 from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.watchdog import WRITING, Watchdog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,14 +299,12 @@ class EpochTrainer(abc.ABC):
         if self.loss_reference is None:
             history = self.position.history
             self.loss_reference = history[0]["train_loss"] if history else self.meter.first_loss
-        factor = self.cfg.divergence_factor
-        if math.isfinite(loss) and not (factor and self.loss_reference > 0 and loss > factor * self.loss_reference):
+        problem = divergence(loss, self.loss_reference, self.cfg.divergence_factor, self.position.global_step,
+                             "--divergence-factor")
+        if problem is None:
             return
-        how = "" if not math.isfinite(loss) else \
-            f", over {factor:g} x the first loss {self.loss_reference:.4g} (--divergence-factor)"
         newest = ckpt.latest_checkpoint(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
-        raise UsageError(f"the training loss is {loss:.4g} at step {self.position.global_step}{how}: training "
-                         f"diverged (a lower --base-lr?); stopped without writing a checkpoint; the newest "
+        raise UsageError(f"{problem} (a lower --base-lr?); stopped without writing a checkpoint; the newest "
                          f"checkpoint is {newest or 'none'}")
 
     def _log_start(self, resumed_from: str | None):
@@ -419,7 +416,7 @@ class EpochTrainer(abc.ABC):
         or its failure, is said before anything else is written."""
         if not self.cfg.checkpoint_dir:
             return
-        self.watchdog.beat(where="writing a checkpoint")
+        self.watchdog.beat(where=WRITING)
         self._average_statistics()  # the checkpoint holds every rank's BatchNorm statistics, not rank 0's
         error = self.writer.save(self.cfg.checkpoint_dir, self._checkpoint_file, keep=self.cfg.keep_checkpoints,
                                  background=background) if self.is_rank0 else None

@@ -33,7 +33,7 @@ EXIT_STALLED = 3
 TERM_GRACE_SECONDS = 15.0
 TERM_STEP_FACTOR = 3.0
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as if the signal had ended it
-WRITING = "writing a checkpoint"  # where a rank is while it writes: no grace cut short then
+WRITING = "writing a checkpoint"  # beat(where=WRITING) while a rank writes: no grace cut short then
 
 
 class _SignalWatcher:
@@ -43,7 +43,6 @@ class _SignalWatcher:
     pipe another part of the process set before goes on receiving them."""
 
     def __init__(self):
-        self.watchdogs: list = []
         self.terminated_at: float | None = None
         read, write = os.pipe()
         os.set_blocking(write, False)

@@ -106,19 +106,13 @@ def make_probe(out_dir: str, warmup_steps: int, threads: int):
     return Probe()
 
 
-def local_ranks() -> int:
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"):
-        if os.environ.get(name):
-            return int(os.environ[name].split("(")[0].split(",")[0])
-    return 1
-
-
 def run_one(args) -> None:
     """Inside the launcher, every rank: fit the user's module under args.run."""
     import lightning.pytorch as pl
     import torch
 
     import hvdtrain.lightning  # noqa: F401  - registers "horovod"
+    from hvdtrain.cluster import ClusterEnv
     from hvdtrain.runtime import threads_per_rank
 
     build_module = plugins.load(args.module, "--module")
@@ -126,8 +120,8 @@ def run_one(args) -> None:
     pl.seed_everything(args.seed, verbose=False)
     module = plugins.call(build_module, args.module, "--module")
     data = plugins.call(build_data, args.datamodule, "--datamodule") if build_data else None
-    per_node = local_ranks()
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+    env = ClusterEnv.from_environ()  # the launcher's ranks, as the trainers read them
+    per_node, world = env.local_world_size, env.world_size
     gpu = torch.cuda.is_available()
     trainer = pl.Trainer(strategy=args.run, accelerator="gpu" if gpu else "cpu", devices=per_node,
                          num_nodes=max(1, world // per_node), max_epochs=args.max_epochs, max_steps=args.max_steps,

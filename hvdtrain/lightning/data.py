@@ -24,8 +24,11 @@ import os
 
 import lightning.pytorch as pl
 
+from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
+from hvdtrain.runtime import decode_workers, threads_per_rank
+from hvdtrain.torch import data as torch_data, images
 
 
 def data_kind(data_dir: str) -> str:
@@ -39,15 +42,17 @@ class _EpochLoader:
 
     def __init__(self, module: "ImageDataModule", split: str):
         self.module, self.split = module, split
+        self._made = (None, None)  # (epoch, loader): Lightning asks its length, then iterates it
 
     def _loader(self):
-        from hvdtrain.torch import data
-
         m, trainer = self.module, self.module.trainer
-        rank, world = trainer.global_rank, trainer.world_size
-        if self.split == "val":
-            return data.val_loader(m.val_set, m.cfg, rank, world)
-        return data.train_loader(m.train_set, m.cfg, rank, world, trainer.current_epoch, 0)
+        epoch = trainer.current_epoch if self.split == "train" else 0
+        if self._made[0] != epoch:  # the epoch's order once (a permutation of 1.28 M samples), not per call
+            rank, world = trainer.global_rank, trainer.world_size
+            loader = (torch_data.val_loader(m.val_set, m.cfg, rank, world) if self.split == "val" else
+                      torch_data.train_loader(m.train_set, m.cfg, rank, world, epoch, 0))
+            self._made = (epoch, loader)
+        return self._made[1]
 
     def __len__(self):
         return len(self._loader())
@@ -67,16 +72,11 @@ class ImageDataModule(pl.LightningDataModule):
         self.cfg = TrainConfig(dataset=data_kind(data_dir), data_dir=data_dir, image_size=image_size,
                                batch_size=batch_size, num_workers=num_workers, seed=seed)
         self.channels_last = channels_last
-        from hvdtrain.torch import data
-
         # The listing (a folder) or the index (shards), in each process: its classes for the model.
-        self.train_set, self.val_set, _, self.classes, _ = data.build_datasets(self.cfg)
-        self.normalization = data.input_normalization(self.val_set)
+        self.train_set, self.val_set, _, self.classes, _ = torch_data.build_datasets(self.cfg)
+        self.normalization = torch_data.input_normalization(self.val_set)
 
     def setup(self, stage: str | None = None) -> None:
-        from hvdtrain.cluster import ClusterEnv
-        from hvdtrain.runtime import decode_workers, threads_per_rank
-
         if self.cfg.num_workers is None:  # the rank's cores less the one its main process uses
             per_node = ClusterEnv.from_environ().local_world_size
             self.cfg = dataclasses.replace(self.cfg, num_workers=decode_workers(threads_per_rank(None, per_node)))
@@ -88,13 +88,9 @@ class ImageDataModule(pl.LightningDataModule):
         return _EpochLoader(self, "val")
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        from hvdtrain.torch import images
-
         x, y = batch[0], batch[1]
         return images.to_model_input(x, self.normalization, self.channels_last), y
 
     def teardown(self, stage: str | None = None) -> None:
-        from hvdtrain.torch import data
-
         if stage == "fit":
-            data.close_loaders()  # the workers kept across epochs end with the run
+            torch_data.close_loaders()  # the workers kept across epochs end with the run

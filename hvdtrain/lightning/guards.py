@@ -25,7 +25,6 @@ HorovodStrategy unless `guards=False`; under another strategy, pass it in `callb
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
@@ -34,12 +33,14 @@ import lightning.pytorch as pl
 import torch
 
 from hvdtrain import checkpoint as ckpt
+from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
+from hvdtrain.meter import divergence
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PHASES, phases_summary, slowest_rank_line
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.watchdog import WRITING, Watchdog
 
 PROG = "hvdtrain.lightning"
 HPC_NAME = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
@@ -92,11 +93,9 @@ class Guards(pl.Callback):
         self.on_train_epoch_start(trainer, pl_module)  # a resume in the middle of an epoch starts no epoch
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        if self.stopped_by == "SIGUSR1" and self.is_rank0 and os.environ.get("SLURM_JOB_ID") \
-                and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
-            self._log(requeue_slurm_job(os.environ.get("SLURM_ARRAY_JOB_ID") and
-                                        f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-                                        or os.environ["SLURM_JOB_ID"]))
+        job_id = ClusterEnv.from_environ().job_id  # as the trainer requeues
+        if self.stopped_by == "SIGUSR1" and self.is_rank0 and job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
+            self._log(requeue_slurm_job(job_id))
         self._end()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
@@ -115,7 +114,7 @@ class Guards(pl.Callback):
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.timed_steps = 0
         self.batch_end_at = None  # the epoch's first batch (the loader's start) is not timed
-        self.sync_at_start = self._sync_seconds(trainer)
+        self.sync_at_start = self.gradient_wait_seconds()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()
@@ -130,13 +129,13 @@ class Guards(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
         if self.timing:
-            sync = self._sync_seconds(trainer) - self.sync_at_start
+            sync = self.gradient_wait_seconds() - self.sync_at_start
             computed = (self.before_step_at or now) - self.batch_start_at
             self.seconds["compute"] += computed - sync
             self.seconds["sync"] += sync
             self.seconds["optimizer"] += now - (self.before_step_at or now)
             self.timed_steps += 1
-        self.sync_at_start = self._sync_seconds(trainer)
+        self.sync_at_start = self.gradient_wait_seconds()
         self.watchdog.beat(trainer.global_step)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):  # kept on the device: read at the vote only
@@ -145,9 +144,6 @@ class Guards(pl.Callback):
             self._after_optimizer_step(trainer)
         self.batch_end_at = time.perf_counter()
         self.seconds["other"] += self.batch_end_at - now if self.timing else 0.0
-
-    def _sync_seconds(self, trainer) -> float:
-        return self.gradient_wait_seconds()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self.watchdog is not None:
@@ -205,18 +201,16 @@ class Guards(pl.Callback):
     def _check_loss(self, loss: float, trainer) -> None:
         if self.first_loss is None:
             self.first_loss = loss
-        factor = self.divergence_factor
-        if math.isfinite(loss) and not (factor and self.first_loss > 0 and loss > factor * self.first_loss):
+        problem = divergence(loss, self.first_loss, self.divergence_factor, trainer.global_step, "divergence_factor")
+        if problem is None:
             return
-        how = "" if not math.isfinite(loss) else f", over {factor:g} x the first loss {self.first_loss:.4g}"
         newest = hpc_checkpoints(self.directory)
-        raise UsageError(f"the training loss is {loss:.4g} at step {trainer.global_step}{how}: training diverged "
-                         f"(a lower learning rate?); stopped without writing a checkpoint; the newest checkpoint "
-                         f"is {newest[-1][1] if newest else 'none'}")
+        raise UsageError(f"{problem} (a lower learning rate?); stopped without writing a checkpoint; the newest "
+                         f"checkpoint is {newest[-1][1] if newest else 'none'}")
 
     def _save(self, trainer) -> str:
         """Every rank: one checkpoint, written by rank 0; the newest `keep` kept. Its path."""
-        self.watchdog.beat(where="writing a checkpoint")
+        self.watchdog.beat(where=WRITING)
         newest = hpc_checkpoints(self.directory) if self.is_rank0 else []
         number = trainer.strategy.broadcast(newest[-1][0] + 1 if newest else 1)
         path = os.path.join(self.directory, f"hpc_ckpt_{number}.ckpt")

@@ -89,39 +89,32 @@ class HorovodStrategy(ParallelStrategy):
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=None,
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
         self.compression, self.op, self.scale_lr = compression, op, scale_lr
-        self.guards = guards
-        self.guard_options = {"checkpoint_every": checkpoint_every, "watchdog_seconds": watchdog_seconds,
-                              "divergence_factor": divergence_factor}
         self._num_nodes = 1
+        self._root_device: torch.device | None = None  # hvdtrain's device rule, once the accelerator is known
         self.sync_seconds = 0.0  # time spent waiting for the gradients' allreduce (the guards' breakdown)
         try:
-            self._start(fusion_threshold_mb, cycle_time_ms)
+            # The guards' options checked now, where every rank finds the same problem before any collective.
+            self.guard = Guards(checkpoint_every=checkpoint_every, watchdog_seconds=watchdog_seconds,
+                                divergence_factor=divergence_factor) if guards else None
+            self._start(fusion_threshold_mb, cycle_time_ms, watchdog_seconds)
         except UsageError as err:
             report_and_exit(err, PROG)
 
-    def _start(self, fusion_threshold_mb, cycle_time_ms) -> None:
+    def _start(self, fusion_threshold_mb, cycle_time_ms, watchdog_seconds) -> None:
         if self.compression not in COMPRESSIONS:
             raise UsageError(f"HorovodStrategy(compression={self.compression!r}): one of {', '.join(COMPRESSIONS)}")
         if self.op not in OPS:
             raise UsageError(f"HorovodStrategy(op={self.op!r}): one of {', '.join(OPS)}")
-        # Checked here, where every rank finds the same problem before any collective.
-        cfg = TrainConfig(watchdog_seconds=self.guard_options["watchdog_seconds"], cycle_time_ms=cycle_time_ms,
-                          use_adasum=self.op == "adasum", fp16_allreduce=self.compression == "fp16",
-                          checkpoint_every=None if self.guard_options["checkpoint_every"] is None
-                          else str(self.guard_options["checkpoint_every"]),
-                          checkpoint_dir="the trainer's default_root_dir",
-                          divergence_factor=self.guard_options["divergence_factor"])
-        self.checkpoint_interval = cfg.checkpoint_interval
-        env = ClusterEnv.from_environ()
+        cfg = TrainConfig(watchdog_seconds=watchdog_seconds, cycle_time_ms=cycle_time_ms,
+                          use_adasum=self.op == "adasum", fp16_allreduce=self.compression == "fp16")
         exit_at_once_on_uncaught_exception()
-        self.threads = threads_per_rank(None, env.local_world_size)
-        torch.set_num_threads(self.threads)
-        tuning.apply(loopback_settings(env))  # all ranks on one host: MPI stays off the network
+        # Open MPI's settings are in the environment since `import hvdtrain.lightning` (export_mpi_settings).
+        threads = threads_per_rank(None, ClusterEnv.from_environ().local_world_size)
+        torch.set_num_threads(threads)
         if fusion_threshold_mb is not None:  # asked for by name: wins over an export
             os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
-        self.backend = HorovodBackend(cfg, self.threads)  # hvd.init() and hvdtrain's checks
+        self.backend = HorovodBackend(cfg, threads)  # hvd.init() and hvdtrain's checks
         self.hvd = self.backend.hvd
-        self.env = env
         # Lightning prints on rank 0 only from here on (its own guess reads RANK or SLURM_PROCID).
         rank_zero_only.rank = fabric_rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
 
@@ -162,9 +155,12 @@ class HorovodStrategy(ParallelStrategy):
 
     @property
     def root_device(self) -> torch.device:
-        on_gpu = bool(self.parallel_devices) and self.parallel_devices[0].type == "cuda"
-        # hvdtrain's rule: one GPU a rank, by local rank, or each task's own under per-task binding.
-        return rank_device(self.local_rank, self.hvd.local_size()) if on_gpu else torch.device("cpu")
+        # Asked for at every batch: decided once, when Lightning has set the accelerator's devices.
+        if self._root_device is None and self.parallel_devices:
+            on_gpu = self.parallel_devices[0].type == "cuda"
+            # hvdtrain's rule: one GPU a rank, by local rank, or each task's own under per-task binding.
+            self._root_device = rank_device(self.local_rank, self.hvd.local_size()) if on_gpu else torch.device("cpu")
+        return self._root_device or torch.device("cpu")
 
     @property
     def is_distributed(self) -> bool:
@@ -213,9 +209,9 @@ class HorovodStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             self._refuse_unsupported(trainer)
             self.optimizers = [self._distributed(optimizer, trainer) for optimizer in self.optimizers]
-        if self.guards and trainer.state.fn == TrainerFn.FITTING:
+        if self.guard is not None and trainer.state.fn == TrainerFn.FITTING:
             if not any(isinstance(callback, Guards) for callback in trainer.callbacks):
-                trainer.callbacks.append(Guards(**self.guard_options))
+                trainer.callbacks.append(self.guard)
         for callback in trainer.callbacks:
             if isinstance(callback, Guards):
                 callback.gradient_wait_seconds = lambda: self.sync_seconds

@@ -57,7 +57,7 @@ from hvdtrain.phases import injected_delay
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 from hvdtrain.tf import npz_checkpoint
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.watchdog import WRITING, Watchdog
 
 PROG = "hvdtrain.tf"
 WRITER = "hvdtrain.tf.callbacks"  # in each checkpoint's meta: which API wrote it
@@ -457,7 +457,7 @@ def _guard_class(keras):
 
         def _save(self, at: ckpt.Position, background: bool = False) -> None:
             """Every rank: rank 0 writes (in the background: the values copied first)."""
-            self.watchdog.beat(where="writing a checkpoint")
+            self.watchdog.beat(where=WRITING)
             self.job.save(self.checkpoint_dir, self.model, at, self.keep, extra={"batching": self.batching},
                           background=background)
             self.interval.written()

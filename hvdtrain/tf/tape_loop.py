@@ -49,7 +49,7 @@ from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.phases import injected_delay
 from hvdtrain.tf import keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.watchdog import WRITING, Watchdog
 
 WRITER = "hvdtrain.tf.tape_loop"  # in each checkpoint's meta
 
@@ -270,7 +270,7 @@ class TapeJob(Job):
         self._save(checkpoint_dir, model, optimizer, keep=keep)
 
     def _save(self, checkpoint_dir: str, model, optimizer, keep: int, background: bool = False) -> None:
-        self.watchdog.beat(where="writing a checkpoint")
+        self.watchdog.beat(where=WRITING)
         self.backend.average_variables(model.non_trainable_weights)  # Horovod averages gradients only
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
         at = self.position.next_epoch() if done else self.position

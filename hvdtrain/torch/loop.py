@@ -33,7 +33,7 @@ from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch import data, images
 from hvdtrain.torch.devices import copy_to_host, rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.watchdog import WRITING, Watchdog
 
 PROG = "hvdtrain.torch.loop"
 
@@ -227,7 +227,7 @@ class Run:
         """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank.
         background: on a thread while your next steps run (the state copied to host memory
         first); run.should_stop() then says its failure on every rank at the next step."""
-        self.watchdog.beat(where="writing a checkpoint")
+        self.watchdog.beat(where=WRITING)
         self.backend.average_buffers(model)  # BatchNorm statistics of every rank, not rank 0's
         # Where a resume starts: the next epoch, or this one's unstepped batches (after a stop, a break).
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
