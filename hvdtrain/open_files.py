@@ -10,7 +10,7 @@ process keeps open the files it is reading now, and closes the others:
   closed (a file of the epoch being read is read about every (files open) reads: closing it by
   mistake is a chance of e^-20). The shards of earlier epochs close a few thousand reads into the
   next one, so descriptors stay near one epoch's working set over a whole run, not a sum over its
-  epochs (90 epochs at 8 ranks had reached the limit by the 12th).
+  epochs (kept until the limit, a worker at 8 ranks reaches it by the 12th of 90 epochs).
 - **One budget per process**, the soft limit (raised to the hard one, no privilege needed) less
   RESERVE for CUDA, NCCL, MPI, sockets, shared memory and libraries, shared by every reader in
   the process (a TensorFlow rank reads train and val in one): beyond its share, the least

@@ -60,7 +60,7 @@ def export_mpi_settings() -> None:
     environment, before anything starts MPI. `Trainer(strategy="horovod")` looks for its cluster
     before it makes the strategy, and under mpirun Lightning's MPIEnvironment starts MPI (mpi4py)
     then; Open MPI reads its settings once, at that start. Without them, CPU ranks' MPI polls
-    instead of yielding and took a core's share from the steps (2 ranks on 2 cores: 20 % slower)."""
+    instead of yielding and takes a core's share from the steps (2 ranks on 2 cores: 20 % slower)."""
     try:
         env = ClusterEnv.from_environ()
     except UsageError:
