@@ -38,6 +38,8 @@ STOP_SIGNALS = StopRequest.SIGNALS  # what the rank handles, workers must not di
 _PRELOAD = "hvdtrain.torch.worker_server"  # imported by the forkserver alone: it sets SERVER_PID
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"  # a -W option: the tracker's leak warnings
+
 # Set in the forkserver (and so in every worker it forks) by hvdtrain/torch/worker_server.py.
 SERVER_PID: int | None = None
 
@@ -55,12 +57,26 @@ def worker_context():
         # The resource tracker (a helper process the forkserver needs) is started first, as its
         # own start unblocks SIGTERM on the way out (Python's guard for it, bpo-33613); it ignores
         # SIGTERM itself, and inherits SIGUSR1 blocked.
-        resource_tracker.ensure_running()
+        start_quiet_resource_tracker()
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return context
+
+
+def start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (if nothing has yet) without its leak warning. A
+    rank that fails ends at once (os._exit: no atexit handler may wait for a peer that is gone),
+    so its loaders' queues never release their semaphores; the tracker unlinks them once the rank
+    is gone, which is right, and warned of each ("There appear to be 14 leaked semaphore objects
+    to clean up at shutdown") after the rank's one line had said why it ended. The tracker takes
+    its warning filters from sys.warnoptions when it starts; the rank's own are left as they were."""
+    sys.warnoptions.append(QUIET_TRACKER)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(QUIET_TRACKER)
 
 
 def unguarded_main() -> tuple[str, int] | None:
