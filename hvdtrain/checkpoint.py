@@ -36,20 +36,34 @@ STALE_AFTER_SECONDS = 24 * 3600  # a temporary of another host: its save ended l
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where a run is. A checkpoint stores it as four keys at its top level (torch's state dict,
-    TF's JSON meta), unchanged since format 1: to_checkpoint and from_checkpoint convert."""
+    """Where a run is. A checkpoint stores it as keys at its top level (torch's state dict, TF's
+    JSON meta): the first four unchanged since format 1, the last two only after a resize in the
+    middle of an epoch (older checkpoints, without them, read as none). to_checkpoint and
+    from_checkpoint convert."""
     epoch: int = 0            # epochs completed
     step_in_epoch: int = 0    # optimizer steps done in the current epoch
     global_step: int = 0      # optimizer steps done in all
     history: tuple = ()       # one record (a dict) per epoch ended
+    # The current epoch's samples trained at other world sizes, ((world size, samples per rank),
+    # ...), and the step at which this world size's order of the rest begins (datasets.rest_of_epoch).
+    seen_before: tuple = ()
+    order_start: int = 0
 
     @classmethod
     def from_checkpoint(cls, saved) -> "Position":
-        return cls(saved["epoch"], saved["step_in_epoch"], saved["global_step"], tuple(saved["history"]))
+        return cls(saved["epoch"], saved["step_in_epoch"], saved["global_step"], tuple(saved["history"]),
+                   tuple(tuple(run) for run in saved.get("seen_before", ())), saved.get("order_start", 0))
 
     def to_checkpoint(self) -> dict:
+        resized = {"seen_before": [list(run) for run in self.seen_before], "order_start": self.order_start} \
+            if self.seen_before else {}
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                "history": list(self.history)}
+                "history": list(self.history), **resized}
+
+    @property
+    def steps_into_order(self) -> int:
+        """The batches of this epoch's order (the data path's) already trained."""
+        return self.step_in_epoch - self.order_start
 
     def after_step(self) -> "Position":
         return dataclasses.replace(self, step_in_epoch=self.step_in_epoch + 1, global_step=self.global_step + 1)
@@ -58,7 +72,7 @@ class Position:
         return dataclasses.replace(self, history=(*self.history, record))
 
     def next_epoch(self) -> "Position":
-        return dataclasses.replace(self, epoch=self.epoch + 1, step_in_epoch=0)
+        return dataclasses.replace(self, epoch=self.epoch + 1, step_in_epoch=0, seen_before=(), order_start=0)
 
 
 class Interval:
@@ -492,23 +506,31 @@ def refuse_resize(path: str, changes: list[str]) -> UsageError:
                       "--checkpoint-dir)")
 
 
-def rescale_position(position: Position, saved: dict, cfg, steps_per_epoch: int) -> tuple[Position, str]:
-    """The position of this run that has seen as many samples of the checkpoint's epoch (rounded
-    down), and what changed, in words. The rest of that epoch is this run's order for it from that
-    count on, not the samples the checkpoint's ranks had left: some of the epoch's samples are seen
-    twice and about as many not at all (about a quarter each at 8 -> 32 ranks halfway through an
-    epoch); the epochs after it are whole."""
-    epoch, step_in_epoch, global_step = position.epoch, position.step_in_epoch, position.global_step
-    old_batch = saved["batch_size"] * saved["batches_per_allreduce"] * saved["world_size"]
-    seen = step_in_epoch * old_batch
-    new_step_in_epoch = min(seen // cfg.global_batch_size, steps_per_epoch)
+def rescale_position(position: Position, saved: dict, cfg, steps_per_epoch: int,
+                     train_size: int) -> tuple[Position, str]:
+    """The position of this run in the checkpoint's epoch, and what changed, in words. The rest
+    of that epoch is exactly its samples not yet seen (datasets.rest_of_epoch: the position keeps
+    what each earlier world size trained of it), so this run does the steps they fill: with the
+    same samples per epoch, as many fewer as the steps before the resize trained samples; fewer
+    than one global batch of the epoch is left out, as every epoch leaves out its remainder. The
+    epochs after it are whole."""
+    epoch, global_step = position.epoch, position.global_step
+    per_rank = saved["batch_size"] * saved["batches_per_allreduce"]
+    old_batch = per_rank * saved["world_size"]
+    trained = position.steps_into_order * per_rank
+    seen_before = position.seen_before + (((saved["world_size"], trained),) if trained else ())
+    seen = sum(size * samples for size, samples in seen_before)
+    rest_steps = (train_size - seen) // cfg.world_size // (cfg.batch_size * cfg.batches_per_allreduce)
+    new_step_in_epoch = max(0, steps_per_epoch - rest_steps)
     new_global_step = epoch * steps_per_epoch + new_step_in_epoch
     note = (f"resumed with another global batch: {saved['world_size']} rank(s) x {saved['batch_size']} x "
             f"{saved['batches_per_allreduce']} = {old_batch} at LR {saved.get('lr')} -> {cfg.world_size} x "
             f"{cfg.batch_size} x {cfg.batches_per_allreduce} = {cfg.global_batch_size} at LR {cfg.lr:g}; "
-            f"{seen} samples of epoch {epoch + 1} seen: step {step_in_epoch} (global {global_step}) -> step "
-            f"{new_step_in_epoch} (global {new_global_step})")
-    return dataclasses.replace(position, step_in_epoch=new_step_in_epoch, global_step=new_global_step), note
+            f"{seen} samples of epoch {epoch + 1} seen: step {position.step_in_epoch} (global {global_step}) -> "
+            f"step {new_step_in_epoch} (global {new_global_step}); the epoch's other {train_size - seen} samples "
+            f"follow, each once")
+    return dataclasses.replace(position, step_in_epoch=new_step_in_epoch, global_step=new_global_step,
+                               seen_before=seen_before, order_start=new_step_in_epoch), note
 
 
 def load_newest(checkpoint_dir: str, read, say) -> tuple[str | None, object]:

@@ -157,14 +157,57 @@ def shard_blocked_order(sample_shards: np.ndarray, seed: int, epoch: int, rank: 
     rank's batches in an epoch mix samples of its few shards (each shard mixes classes, as
     written), not of all; the global batch still spans every rank's. On one rank it is a full
     permutation. A function of (seed, epoch, rank, world_size) only: a resume repeats it."""
+    return _rank_run(_shard_sequence(sample_shards, seed, epoch), seed, epoch, rank, world_size)
+
+
+def shard_blocked_orders(sample_shards: np.ndarray, seed: int, epoch: int, world_size: int) -> list[np.ndarray]:
+    """shard_blocked_order of every rank, the shards' sequence computed once."""
+    sequence = _shard_sequence(sample_shards, seed, epoch)
+    return [_rank_run(sequence, seed, epoch, rank, world_size) for rank in range(world_size)]
+
+
+def _shard_sequence(sample_shards, seed: int, epoch: int) -> np.ndarray:
     sample_shards = np.asarray(sample_shards)
     shard_count = int(sample_shards.max()) + 1 if len(sample_shards) else 0
     position = np.empty(shard_count, np.int64)
     position[np.random.default_rng([seed, epoch, 0]).permutation(shard_count)] = np.arange(shard_count)
-    by_shard = np.argsort(position[sample_shards], kind="stable")
-    per_rank = len(sample_shards) // world_size
-    mine = by_shard[rank * per_rank:(rank + 1) * per_rank]
+    return np.argsort(position[sample_shards], kind="stable")
+
+
+def _rank_run(sequence: np.ndarray, seed: int, epoch: int, rank: int, world_size: int) -> np.ndarray:
+    per_rank = len(sequence) // world_size
+    mine = sequence[rank * per_rank:(rank + 1) * per_rank]
     return mine[np.random.default_rng([seed, epoch, 1, rank]).permutation(per_rank)]
+
+
+def rest_of_epoch(orders, sample_count: int, seen_before: tuple, world_size: int) -> list[np.ndarray]:
+    """Every rank's samples of an epoch at `world_size` ranks, when its first samples were trained
+    at other world sizes (a resume with --allow-resize in the middle of the epoch): exactly the
+    samples not yet seen, each once. `orders(w)` gives the epoch's plain order at w ranks (a list
+    of per-rank index arrays: the trainer's sampler); `seen_before` what was trained of the epoch
+    before, ((world size, samples each rank trained), ...), oldest first. Without it, orders(world_size).
+
+    The rest keeps the plain order's sequence (ranks' orders laid end to end: from shards, a rank
+    still reads a few shards), the epoch's samples that order leaves out at the new size after it,
+    and is cut into equal runs, one per rank; fewer than world_size samples are left out, as every
+    epoch leaves out its remainder, and the loader drops what does not fill a batch."""
+    seen = np.zeros(sample_count, bool)
+    for size, trained in seen_before:
+        for part in _unseen_runs(orders, seen, size):  # the runs are made before any is marked
+            seen[part[:trained]] = True
+    return _unseen_runs(orders, seen, world_size)
+
+
+def _unseen_runs(orders, seen: np.ndarray, world_size: int) -> list[np.ndarray]:
+    parts = [np.asarray(p, np.int64) for p in orders(world_size)]
+    if not seen.any():
+        return parts
+    sequence = np.concatenate(parts)
+    in_sequence = np.zeros(len(seen), bool)
+    in_sequence[sequence] = True
+    rest = np.concatenate([sequence[~seen[sequence]], np.flatnonzero(~seen & ~in_sequence)])
+    per_rank = len(rest) // world_size
+    return [rest[rank * per_rank:(rank + 1) * per_rank] for rank in range(world_size)]
 
 
 def check_enough_samples(n: int, world_size: int, what: str) -> None:

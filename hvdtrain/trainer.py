@@ -51,6 +51,7 @@ class StepPlan:
     steps_per_epoch: int
     schedule_steps: int   # what the LR schedule spans: every epoch, whatever --steps says
     total_steps: int      # where this run stops: the schedule's end, or --steps
+    train_size: int = 0   # samples an epoch draws from (a resize's rest of an epoch: their count)
 
 
 def plan_steps(cfg: TrainConfig, train_size: int, val_size: int) -> StepPlan:
@@ -67,7 +68,8 @@ def plan_steps(cfg: TrainConfig, train_size: int, val_size: int) -> StepPlan:
     # The schedule spans all epochs; --steps only stops early (a run stopped by --steps and
     # resumed follows the same LR curve as one that never stopped).
     schedule_steps = cfg.epochs * steps_per_epoch
-    return StepPlan(steps_per_epoch, schedule_steps, min(schedule_steps, cfg.steps) if cfg.steps else schedule_steps)
+    return StepPlan(steps_per_epoch, schedule_steps, min(schedule_steps, cfg.steps) if cfg.steps else schedule_steps,
+                    train_size)
 
 
 class EpochTrainer(abc.ABC):
@@ -371,7 +373,8 @@ class EpochTrainer(abc.ABC):
                         raise ckpt.refuse_resize(path, changes)
                     if changes:
                         position, status["resized"] = ckpt.rescale_position(position, saved_config, self.cfg,
-                                                                             self.plan.steps_per_epoch)
+                                                                             self.plan.steps_per_epoch,
+                                                                             self.plan.train_size)
                     status.update(path=path, position=position)
                 except UsageError as err:
                     status["error"] = str(err)

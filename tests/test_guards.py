@@ -1,6 +1,7 @@
 """Guards against silent failure that need no ranks (fast tier): option values, output checks,
 checkpoint permissions and stale temporaries, the resize arithmetic, the watchdog's limit, and
 the one-line report of a corrupt sample."""
+import dataclasses
 import math
 import os
 import socket
@@ -112,11 +113,23 @@ def test_resize_is_named_and_the_position_follows_the_samples_seen():
     now = TrainConfig(base_lr=0.005, world_size=1, batch_size=48)
     assert ckpt.resize_changes(saved, now) == ["world size 2 -> 1", "batch size 32 -> 48"]
     assert ckpt.resize_changes(saved, TrainConfig(world_size=2, batch_size=32)) == []
-    # Epoch 3 (index 2), 10 steps of 64 = 640 samples seen; 48 a step now: 13 steps (624), none skipped.
+    # Epoch 3 (index 2) of 1,400 samples, 10 steps of 2 x 32 = 640 samples seen; the other 760 at
+    # 1 x 48 a step fill 15 steps (40 left out, less than a step), so this run is at step 29 - 15.
     history = ({"epoch": 1},)
-    position, note = ckpt.rescale_position(ckpt.Position(2, 10, 52, history), saved, now, steps_per_epoch=29)
-    assert position == ckpt.Position(2, 13, 2 * 29 + 13, history)
-    assert "640 samples of epoch 3 seen: step 10 (global 52) -> step 13 (global 71)" in note
+    position, note = ckpt.rescale_position(ckpt.Position(2, 10, 52, history), saved, now, steps_per_epoch=29,
+                                           train_size=1400)
+    assert position == ckpt.Position(2, 14, 2 * 29 + 14, history, seen_before=((2, 320),), order_start=14)
+    assert "640 samples of epoch 3 seen: step 10 (global 52) -> step 14 (global 72); the epoch's other 760 " \
+           "samples follow, each once" in note
+    # Saved with the epoch (an interval checkpoint), read back alike; a checkpoint without it reads as none.
+    assert ckpt.Position.from_checkpoint(position.to_checkpoint()) == position
+    assert ckpt.Position.from_checkpoint(ckpt.Position(2, 10, 52, history).to_checkpoint()).seen_before == ()
+    # 5 steps later, back to 2 x 32: what the 48s trained counts as seen too; the next epoch is whole.
+    later = dataclasses.replace(position, step_in_epoch=19, global_step=77)
+    again, note = ckpt.rescale_position(later, {"world_size": 1, "batch_size": 48, "batches_per_allreduce": 1},
+                                        TrainConfig(world_size=2, batch_size=32), steps_per_epoch=21, train_size=1400)
+    assert again.seen_before == ((2, 320), (1, 240)) and again.step_in_epoch == again.order_start == 21 - 520 // 64
+    assert again.next_epoch().seen_before == () and again.next_epoch().order_start == 0
 
 
 def test_watchdog_limit():

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import (DIGITS_CHECKPOINT_ARGV, PYTHON, assert_each_rank_failed_with, assert_job_failed_with, base_env,
+from conftest import (DIGITS_CHECKPOINT_ARGV, PYTHON, REPO, assert_each_rank_failed_with, assert_job_failed_with, base_env,
                       copy_checkpoints, finish_launch, launch, launch_each_rank_to_its_end, launcher_prefix, marked_env,
                       processes_left, rank_pids, small_filesystem, start_launch)
 from hvdtrain.checkpoint import latest_checkpoint, list_checkpoints
@@ -295,6 +295,32 @@ def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
     launch("mpirun", 2, TORCH + common + ["--allow-resize", "--epochs", "2", "--keep-checkpoints", "1"], timeout=180)
     kept = sorted(name for name in os.listdir(ckpt_dir) if not name.endswith(".sig"))  # signatures beside
     assert kept == ["ckpt-e0002-s00000042.pt"], kept
+
+
+def test_a_resize_in_the_middle_of_an_epoch_trains_each_of_its_samples_once(tmp_path):
+    """2 ranks train 5 steps of 8 of a user's 300 samples, then 3 ranks resume with --allow-resize
+    and end the epoch: the samples the ranks really read and trained, counted by the dataset
+    itself, are each trained once, 4 left out (fewer than the 24 of a global batch). The new size's
+    order from the same count on would have repeated and skipped about a third here."""
+    script = os.path.join(REPO, "tests", "scripts", "logged_samples.py")
+    argv = TORCH + ["--model", f"{script}:build_model", "--dataset", f"{script}:datasets", "--batch-size", "8",
+                    "--num-workers", "1", "--epochs", "1", "--validation", "off",
+                    "--threads-per-rank", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    trained = []
+    for world, extra, steps in ((2, ["--steps", "5"], 5), (3, ["--allow-resize", "--result-json", str(tmp_path / "r.json")], None)):
+        env = base_env()
+        env["SAMPLE_LOG_DIR"] = str(tmp_path / f"log{world}")
+        os.mkdir(env["SAMPLE_LOG_DIR"])
+        run = launch("mpirun", world, argv + extra, timeout=180, env=env)
+        if steps is None:
+            result = json.loads((tmp_path / "r.json").read_text())
+            assert "80 samples of epoch 1 seen: step 5 (global 5) -> step 3 (global 3); the epoch's other 220 " \
+                   "samples follow, each once" in result["resized"], run.output[-3000:]
+            steps = result["global_step"] - 3
+        for rank in range(world):
+            read = (tmp_path / f"log{world}" / f"rank-{rank}.txt").read_text().split()
+            trained += read[:steps * 8]  # the worker reads ahead of the last step
+    assert steps == 9 and len(trained) == 296 and len(set(trained)) == 296, (steps, len(trained), len(set(trained)))
 
 
 @pytest.fixture(scope="module")

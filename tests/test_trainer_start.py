@@ -114,7 +114,7 @@ def config(**options) -> TrainConfig:
 
 def test_the_start_asks_for_each_part_in_order(one_rank):
     t = Recording(config())
-    assert t.calls == ["set_threads", "setup_device", "build_data", ("build_model", StepPlan(5, 10, 10)),
+    assert t.calls == ["set_threads", "setup_device", "build_data", ("build_model", StepPlan(5, 10, 10, 40)),
                        ("wrap_and_broadcast", None, False, ckpt.Position()), "phase_clock"]
     assert t.device_name == "cpu" and not t.meter.phases.enabled and t.cfg.world_size == 1
 
@@ -137,7 +137,7 @@ def test_the_loop_api_moves_the_position_records_epochs_and_checkpoints(one_rank
 
 
 def test_plan_steps():
-    assert plan_steps(config(world_size=2), train_size=100, val_size=10) == StepPlan(6, 12, 12)
+    assert plan_steps(config(world_size=2), train_size=100, val_size=10) == StepPlan(6, 12, 12, 100)
     assert plan_steps(config(world_size=2, steps=5), train_size=100, val_size=10).total_steps == 5
     with pytest.raises(UsageError, match="each of the 2 ranks gets 3 training samples, fewer than one step's 8"):
         plan_steps(config(world_size=2), train_size=7, val_size=10)

@@ -81,9 +81,18 @@ class TFData:
         options.autotune.enabled = False
         return options
 
-    def train_order(self, epoch: int, rank: int, world_size: int, seed: int) -> np.ndarray:
+    def train_order(self, epoch: int, rank: int, world_size: int, seed: int, seen_before: tuple = ()) -> np.ndarray:
         """This rank's samples of an epoch, in order: every world_size-th of the epoch's permutation;
-        from shards, a few shards' samples per rank, as the torch trainer's (datasets.shard_blocked_order)."""
+        from shards, a few shards' samples per rank, as the torch trainer's (datasets.shard_blocked_order).
+        After a resize in the epoch's middle, the rank's share of the samples not yet seen
+        (seen_before: see checkpoint.Position; datasets.rest_of_epoch)."""
+        def orders(size):
+            if self.sample_shards is not None:
+                return datasets.shard_blocked_orders(self.sample_shards, seed, epoch, size)
+            permutation = np.random.default_rng([seed, epoch]).permutation(self.train_size)
+            return [permutation[r::size] for r in range(size)]
+        if seen_before:
+            return datasets.rest_of_epoch(orders, self.train_size, seen_before, world_size)[rank]
         if self.sample_shards is not None:
             return datasets.shard_blocked_order(self.sample_shards, seed, epoch, rank, world_size)
         return np.random.default_rng([seed, epoch]).permutation(self.train_size)[rank::world_size]
@@ -103,9 +112,9 @@ class TFData:
         return np.array(datasets.exact_shard(self.val_size, rank, world_size), dtype=np.int64)
 
     def train(self, epoch: int, skip_steps: int, rank: int, world_size: int, steps: int,
-              batch_size: int, seed: int) -> tf.data.Dataset:
+              batch_size: int, seed: int, seen_before: tuple = ()) -> tf.data.Dataset:
         """The epoch's batches from skip_steps up to steps (exclusive), in the epoch's order."""
-        order = self.train_order(epoch, rank, world_size, seed)[skip_steps * batch_size:steps * batch_size]
+        order = self.train_order(epoch, rank, world_size, seed, seen_before)[skip_steps * batch_size:steps * batch_size]
         ds = tf.data.Dataset.from_tensor_slices(order)
         if self.per_sample:
             # Crops and flips a function of (seed, epoch, sample), not of a stream: a run resumed in

@@ -188,8 +188,8 @@ class Trainer(EpochTrainer):
         # exhausted pipeline and no batch is made that will not be trained on. (The end of a
         # pipeline once waited 18-19 s for tf.data's autotuner, now off: hvdtrain/tf/data.py.)
         at = self.position
-        dataset = self.data.train(at.epoch, at.step_in_epoch, self.rank, self.world_size,
-                                  at.step_in_epoch + steps, cfg.batch_size, cfg.seed)
+        dataset = self.data.train(at.epoch, at.steps_into_order, self.rank, self.world_size,
+                                  at.steps_into_order + steps, cfg.batch_size, cfg.seed, at.seen_before)
         pools = dataset.options().threading  # as the pipeline really runs, for the result file
         if self.uint8_input:  # the next batches copied to the device while a step runs (the last stage)
             dataset = dataset.apply(tf.data.experimental.prefetch_to_device(devices.input_device(self.backend.device)))
@@ -199,9 +199,9 @@ class Trainer(EpochTrainer):
         try:
             self.loop.run_epoch(dataset, at.epoch, steps, at.step_in_epoch)
         except tf.errors.OpError as err:
-            order = self.data.train_order(at.epoch, self.rank, self.world_size, cfg.seed)
-            self._name_bad_sample(err, "train", order[:(at.step_in_epoch + steps) * cfg.batch_size],
-                                  self.position.step_in_epoch)
+            order = self.data.train_order(at.epoch, self.rank, self.world_size, cfg.seed, at.seen_before)
+            self._name_bad_sample(err, "train", order[:(at.steps_into_order + steps) * cfg.batch_size],
+                                  self.position.steps_into_order)
         return self.epoch_steps_done()
 
     def _name_bad_sample(self, err: tf.errors.OpError, split: str, order, batches_done: int):

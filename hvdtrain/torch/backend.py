@@ -72,9 +72,10 @@ class TorchBackend(Collectives):
             scaler.update()
 
     # ------------------------------------------------------------------ data and metrics
-    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int):
-        """This rank's batches of `epoch`, the first `skip_batches` left out (a resume)."""
-        return data.train_loader(dataset, cfg, self.rank, self.world_size, epoch, skip_batches)
+    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int, seen_before: tuple = ()):
+        """This rank's batches of `epoch`, the first `skip_batches` of its order left out (a
+        resume); after a resize in the epoch, its order of the samples not yet seen (seen_before)."""
+        return data.train_loader(dataset, cfg, self.rank, self.world_size, epoch, skip_batches, seen_before)
 
     def val_loader(self, dataset, cfg):
         """This rank's validation batches: an exact shard, every sample on one rank only."""

@@ -53,9 +53,9 @@ class AccelerateBackend(TorchDistributedBackend):
     def wrap_optimizer(self, optimizer, model, cfg):
         return self.accelerator.prepare_optimizer(optimizer)
 
-    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int):
+    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int, seen_before: tuple = ()):
         return self.accelerator.prepare_data_loader(
-            data.interleaved_train_loader(dataset, cfg, self.world_size, epoch, skip_batches))
+            data.interleaved_train_loader(dataset, cfg, self.world_size, epoch, skip_batches, seen_before))
 
     def val_loader(self, dataset, cfg):
         # The whole set, sharded by Accelerate; it pads the last batches so that every rank has as

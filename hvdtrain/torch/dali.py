@@ -90,9 +90,10 @@ def pipeline(train: bool, size: int, batch_size: int, threads: int, device: torc
     return _PIPELINES[key]
 
 
-def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int, device) -> "DaliLoader":
+def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int, device,
+                 seen_before: tuple = ()) -> "DaliLoader":
     """This rank's batches of `epoch`, as the torch loader's (data.rank_batches), decoded by DALI."""
-    batches = data.rank_batches(dataset, cfg, rank, world_size, epoch)[skip_batches:]
+    batches = data.rank_batches(dataset, cfg, rank, world_size, epoch, seen_before)[skip_batches:]
     return DaliLoader(dataset, batches, train=True, epoch=epoch, size=cfg.image_size, threads=cfg.num_workers,
                       device=device)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import itertools
 
+import numpy as np
+
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, default_collate
 
@@ -163,27 +165,45 @@ def _epoch_sampler(dataset, cfg, rank: int, world_size: int, epoch: int) -> Samp
     return sampler
 
 
-def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int):
+def _rank_order(dataset, cfg, rank: int, world_size: int, epoch: int, seen_before: tuple):
+    """This rank's sampler of `epoch`; after a resize in its middle (seen_before, see
+    checkpoint.Position), the rank's share of the samples not yet seen (datasets.rest_of_epoch)."""
+    sampler = _epoch_sampler(dataset, cfg, rank, world_size, epoch)
+    if not seen_before:
+        return sampler
+    shards_of = sample_shards(dataset)
+
+    def orders(size):
+        if shards_of is not None:
+            return datasets.shard_blocked_orders(shards_of, cfg.seed, epoch, size)
+        return [np.fromiter(_epoch_sampler(dataset, cfg, r, size, epoch), np.int64) for r in range(size)]
+    return datasets.rest_of_epoch(orders, len(dataset), seen_before, world_size)[rank].tolist()
+
+
+def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int, seen_before: tuple = ()):
+    """This rank's batches of `epoch`, the first `skip_batches` of its order left out (a resume)."""
     batch = cfg.batch_size * cfg.batches_per_allreduce
-    sampler = SkipSampler(_epoch_sampler(dataset, cfg, rank, world_size, epoch), skip_batches * batch)
+    sampler = SkipSampler(_rank_order(dataset, cfg, rank, world_size, epoch, seen_before), skip_batches * batch)
     if isinstance(dataset, SeededSamples):
         sampler = _WithEpoch(sampler, epoch)
     return _kept_loader(("train", rank, world_size, batch), dataset, cfg, sampler,
                         batch_size=batch, drop_last=True, pin_memory=torch.cuda.is_available())
 
 
-def rank_batches(dataset, cfg, rank: int, world_size: int, epoch: int) -> list[list[int]]:
+def rank_batches(dataset, cfg, rank: int, world_size: int, epoch: int, seen_before: tuple = ()) -> list[list[int]]:
     """The sample indices of each batch `train_loader` gives rank `rank` in `epoch` (none skipped)."""
     batch = cfg.batch_size * cfg.batches_per_allreduce
-    indices = list(_epoch_sampler(dataset, cfg, rank, world_size, epoch))
+    indices = list(_rank_order(dataset, cfg, rank, world_size, epoch, seen_before))
     return [indices[i:i + batch] for i in range(0, len(indices) - batch + 1, batch)]
 
 
-def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_batches: int) -> DataLoader:
+def interleaved_train_loader(dataset, cfg, world_size: int, epoch: int, skip_batches: int,
+                             seen_before: tuple = ()) -> DataLoader:
     """One loader over every rank's batches, rank r's i-th batch at position i x world_size + r:
     the unsharded loader a library that shards by batches (Accelerate's `prepare`: batch k to
     rank k mod N) turns back into exactly the batches `train_loader` gives each rank."""
-    shards = [rank_batches(dataset, cfg, rank, world_size, epoch)[skip_batches:] for rank in range(world_size)]
+    shards = [rank_batches(dataset, cfg, rank, world_size, epoch, seen_before)[skip_batches:]
+              for rank in range(world_size)]
     batches = [shard[i] for i in range(len(shards[0])) for shard in shards]
     return _loader(dataset, cfg, batch_sampler=batches, pin_memory=torch.cuda.is_available())
 

@@ -23,7 +23,8 @@ class TrainerModule(pl.LightningModule):
     def train_dataloader(self):
         # Reloaded every epoch: each epoch's shuffle, as for the other backends.
         hv = self.hv
-        return hv.backend.train_loader(hv.train_ds, hv.cfg, hv.position.epoch, hv.position.step_in_epoch)
+        at = hv.position
+        return hv.backend.train_loader(hv.train_ds, hv.cfg, at.epoch, at.steps_into_order, at.seen_before)
 
     def val_dataloader(self):
         hv = self.hv

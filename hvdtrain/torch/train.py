@@ -217,10 +217,10 @@ class Trainer(EpochTrainer):
         # The backend builds the loader: a library may shard the data itself (Accelerate's prepare).
         at = self.position
         if cfg.loader == "dali":  # the same batches, decoded by DALI (hvdtrain/torch/dali.py)
-            loader = dali.train_loader(self.train_ds, cfg, self.rank, self.world_size, at.epoch, at.step_in_epoch,
-                                       self.device)
+            loader = dali.train_loader(self.train_ds, cfg, self.rank, self.world_size, at.epoch, at.steps_into_order,
+                                       self.device, at.seen_before)
         else:
-            loader = b.train_loader(self.train_ds, cfg, at.epoch, at.step_in_epoch)
+            loader = b.train_loader(self.train_ds, cfg, at.epoch, at.steps_into_order, at.seen_before)
         self.model.train()
         steps = self.start_epoch()
         for i, (x, y) in enumerate(self._feed(loader)):
