@@ -22,6 +22,7 @@ import time
 from hvdtrain import options
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, in_one_line
+from hvdtrain.watchdog import WRITING
 
 FORMAT_VERSION = 1
 # ckpt-e<epochs completed>-s<global step>[-n<samples seen in the epoch under way>].<ext>. The n
@@ -111,6 +112,9 @@ class Writer:
     SLOW_WRITE = float(os.environ.get("HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE", "0") or 0)
 
     def __init__(self, say=None):
+        # Told while rank 0 writes (its own bytes, on a slow file system, may take long) and when
+        # it is done: the watchdog holds its SIGTERM grace off then, never while a collective waits.
+        self.watchdog = None
         self.thread: threading.Thread | None = None
         self.failed: str | None = None  # the failed write's one line
         self.written: str | None = None  # the last path written, until say_written says it
@@ -121,16 +125,24 @@ class Writer:
         its path, said before anything else is written), then `capture()` -> (path, write(fileobj),
         signed) copies the state to host memory and write() writes it. The failure's one line, for
         the caller to broadcast to every rank, or None."""
-        error = self.finish()
-        if error:
-            return error
+        self._beat(WRITING)
         try:
-            path, write, signed = capture()
-            self.write(path, write, signed=signed, keep=keep, background=background)
-        except Exception as err:  # noqa: BLE001 - said on every rank by the caller
-            return write_failure(directory, err)
-        self.say_written()
-        return None
+            error = self.finish()
+            if error:
+                return error
+            try:
+                path, write, signed = capture()
+                self.write(path, write, signed=signed, keep=keep, background=background)
+            except Exception as err:  # noqa: BLE001 - said on every rank by the caller
+                return write_failure(directory, err)
+            self.say_written()
+            return None
+        finally:
+            self._beat("after writing a checkpoint")
+
+    def _beat(self, where: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(where=where)
 
     def state(self) -> list[bool]:
         """[writing now, failed]: what a rank adds to the step's vote (never either off rank 0)."""

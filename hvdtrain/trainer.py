@@ -42,7 +42,7 @@ from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
-from hvdtrain.watchdog import WRITING, Watchdog
+from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +89,7 @@ class EpochTrainer(abc.ABC):
         self._said_data_bound = False  # the input-bound line: once a run
         self.checkpoint_interval = ckpt.Interval(self.cfg.checkpoint_interval, self.is_rank0)  # --checkpoint-every
         self.writer = ckpt.Writer(say=lambda line: self.reporter.info(line))  # rank 0's checkpoint writes
+        self.writer.watchdog = self.watchdog
         self.writing = False  # every rank: rank 0 writes a checkpoint in the background now
         self._check_outputs()
         self.stop = StopRequest()
@@ -419,7 +420,7 @@ class EpochTrainer(abc.ABC):
         or its failure, is said before anything else is written."""
         if not self.cfg.checkpoint_dir:
             return
-        self.watchdog.beat(where=WRITING)
+        self.watchdog.beat(where=AT_CHECKPOINT)
         self._average_statistics()  # the checkpoint holds every rank's BatchNorm statistics, not rank 0's
         error = self.writer.save(self.cfg.checkpoint_dir, self._checkpoint_file, keep=self.cfg.keep_checkpoints,
                                  background=background) if self.is_rank0 else None

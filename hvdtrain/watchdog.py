@@ -33,7 +33,8 @@ EXIT_STALLED = 3
 TERM_GRACE_SECONDS = 15.0
 TERM_STEP_FACTOR = 3.0
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as if the signal had ended it
-WRITING = "writing a checkpoint"  # beat(where=WRITING) while a rank writes: no grace cut short then
+WRITING = "writing a checkpoint"  # beat(where=WRITING) while rank 0 writes (checkpoint.Writer): no grace cut short
+AT_CHECKPOINT = "at a checkpoint"  # a checkpoint's collectives, where a rank may wait for one that is gone
 
 
 class _SignalWatcher:

@@ -111,24 +111,30 @@ def test_watchdog_ends_the_job_when_a_rank_is_frozen(tmp_path, request, trainer)
 def test_a_sigterm_while_waiting_for_a_rank_that_is_gone_ends_this_rank_at_once(tmp_path):
     """What srun --kill-on-bad-exit does when a rank fails: SIGTERM to the others, then SIGKILL
     Slurm's KillWait later (30-60 s at sites), while they wait in a collective for the failed rank
-    and their SIGTERM handler (Python's, in the main thread) cannot run. Here rank 1 is frozen
-    after the first checkpoint (it takes no part any more) and rank 0, waiting for it, gets
-    SIGTERM: it ends within the grace (15 s of no progress after the signal) with one line that
-    points at the first failure, not at the watchdog's limit (120 s here) or a KillWait."""
+    and their SIGTERM handler (Python's, in the main thread) cannot run. Here SIGTERM comes while
+    rank 0 writes a checkpoint slowly (a large one on a slow file system: 18 s, longer than the
+    grace) and rank 1, waiting for it, is frozen (it takes no part any more): rank 0 finishes its
+    write (no grace while it writes), then ends within the grace (15 s of no progress) waiting in
+    the checkpoint's collective, with one line that points at the first failure, not at the
+    watchdog's limit (120 s here) or a KillWait. The checkpoint it wrote is whole."""
+    from hvdtrain.checkpoint import temporary_prefix
     from hvdtrain.watchdog import TERM_GRACE_SECONDS
 
+    slow_write = 18.0
     ckpt_dir = tmp_path / "ckpt"
     argv = TORCH + DIGITS + ["--epochs", "200", "--checkpoint-dir", str(ckpt_dir), "--watchdog-seconds", "120"]
-    proc = start_launch("mpirun", 2, argv, env=marked_env(str(tmp_path)))
+    env = {**marked_env(str(tmp_path)), "HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE": str(slow_write)}
+    proc = start_launch("mpirun", 2, argv, env=env)
+    writing = temporary_prefix().rsplit("-", 2)[0]  # .tmp-hvdtrain-HOST: any process's temporary
     try:
-        wait_for("the first checkpoint", lambda: list_checkpoints(str(ckpt_dir)), 240, proc)
+        wait_for("rank 0 writing the first checkpoint",
+                 lambda: ckpt_dir.is_dir() and any(n.startswith(writing) for n in os.listdir(ckpt_dir)), 240, proc)
         [frozen] = rank_pids(str(ckpt_dir), 1)
         [waiting] = rank_pids(str(ckpt_dir), 0)
         os.kill(frozen, signal.SIGSTOP)
-        time.sleep(2)  # rank 0 is in its next collective, waiting
         os.kill(waiting, signal.SIGTERM)
         signalled = time.monotonic()
-        run, _ = finish_launch(proc, timeout=90)
+        run, _ = finish_launch(proc, timeout=slow_write + 90)
         took = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
@@ -136,10 +142,12 @@ def test_a_sigterm_while_waiting_for_a_rank_that_is_gone_ends_this_rank_at_once(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert run.returncode != 0
-    assert re.search(r"hvdtrain\.torch: error \[rank 0/2\]: SIGTERM, then no progress for \d+ s \((after step \d+|after writing a checkpoint)\): "
-                     r"this rank waits in a collective for a rank that is gone", run.output), run.output[-4000:]
+    assert re.search(r"hvdtrain\.torch: error \[rank 0/2\]: SIGTERM, then no progress for \d+ s \(after writing a "
+                     r"checkpoint\): this rank waits in a collective for a rank that is gone", run.output), run.output[-4000:]
     assert "no progress for" not in run.output.split("SIGTERM, then")[0][-300:], run.output[-4000:]  # not the watchdog
-    assert took < TERM_GRACE_SECONDS + 20, f"rank 0 ended {took:.0f} s after SIGTERM"
+    assert took < slow_write + TERM_GRACE_SECONDS + 20, f"rank 0 ended {took:.0f} s after SIGTERM"
+    [written] = list_checkpoints(str(ckpt_dir))  # the write went on to its end, under SIGTERM
+    assert torch.load(written, weights_only=False)["epoch"] == 1
     assert not processes_left(str(tmp_path))
 
 

@@ -40,7 +40,7 @@ from hvdtrain.errors import UsageError
 from hvdtrain.phases import PHASES, phases_summary, slowest_rank_line
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job
-from hvdtrain.watchdog import WRITING, Watchdog
+from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 PROG = "hvdtrain.lightning"
 HPC_NAME = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
@@ -210,7 +210,7 @@ class Guards(pl.Callback):
 
     def _save(self, trainer) -> str:
         """Every rank: one checkpoint, written by rank 0; the newest `keep` kept. Its path."""
-        self.watchdog.beat(where=WRITING)
+        self.watchdog.beat(where=AT_CHECKPOINT)  # rank 0's write itself: HorovodStrategy.save_checkpoint
         newest = hpc_checkpoints(self.directory) if self.is_rank0 else []
         number = trainer.strategy.broadcast(newest[-1][0] + 1 if newest else 1)
         path = os.path.join(self.directory, f"hpc_ckpt_{number}.ckpt")

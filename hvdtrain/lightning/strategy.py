@@ -46,6 +46,7 @@ from hvdtrain.runtime import threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.horovod_layout import ContiguousCompression, broadcast_tensors
+from hvdtrain.watchdog import WRITING
 
 PROG = "hvdtrain.lightning"
 # torch's LR schedulers warn when the optimizer's step() is not the one they wrapped at their
@@ -92,6 +93,7 @@ class HorovodStrategy(ParallelStrategy):
         self._num_nodes = 1
         self._root_device: torch.device | None = None  # hvdtrain's device rule, once the accelerator is known
         self.sync_seconds = 0.0  # time spent waiting for the gradients' allreduce (the guards' breakdown)
+        self._guards = None  # the trainer's Guards, once set up: their watchdog hears of rank 0's writes
         try:
             # The guards' options checked now, where every rank finds the same problem before any collective.
             self.guard = Guards(checkpoint_every=checkpoint_every, watchdog_seconds=watchdog_seconds,
@@ -215,6 +217,7 @@ class HorovodStrategy(ParallelStrategy):
         for callback in trainer.callbacks:
             if isinstance(callback, Guards):
                 callback.gradient_wait_seconds = lambda: self.sync_seconds
+                self._guards = callback
 
     def _refuse_unsupported(self, trainer) -> None:
         problem = None
@@ -301,6 +304,18 @@ class HorovodStrategy(ParallelStrategy):
 
     def broadcast(self, obj, src: int = 0):
         return self.hvd.broadcast_object(obj, root_rank=src)
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        """Rank 0 writes (Lightning's rule); while it does, the watchdog's SIGTERM grace is held
+        off (a large checkpoint on a slow file system), never while a rank waits in a collective."""
+        watchdog = self._guards.watchdog if self._guards is not None and self.is_global_zero else None
+        if watchdog is not None:
+            watchdog.beat(where=WRITING)
+        try:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+        finally:
+            if watchdog is not None:
+                watchdog.beat(where="after writing a checkpoint")
 
     def barrier(self, name: str | None = None) -> None:
         self.hvd.barrier()

@@ -57,7 +57,7 @@ from hvdtrain.phases import injected_delay
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
 from hvdtrain.tf import npz_checkpoint
-from hvdtrain.watchdog import WRITING, Watchdog
+from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 PROG = "hvdtrain.tf"
 WRITER = "hvdtrain.tf.callbacks"  # in each checkpoint's meta: which API wrote it
@@ -351,6 +351,7 @@ def _guard_class(keras):
             job = self.job
             self.watchdog = Watchdog(job.cfg.watchdog_seconds, PROG, job.rank, job.world_size)
             self.watchdog.beat(where="starting fit")
+            job.files.watchdog = self.watchdog
             self.stopped_by, self.first_epoch, self.initial_epoch = None, True, self.position.epoch
             self.writing = False  # a background write in flight: every batch votes until it has ended
             self.trained = None  # Keras's train_function while a resumed epoch's first batches are read again
@@ -457,7 +458,7 @@ def _guard_class(keras):
 
         def _save(self, at: ckpt.Position, background: bool = False) -> None:
             """Every rank: rank 0 writes (in the background: the values copied first)."""
-            self.watchdog.beat(where=WRITING)
+            self.watchdog.beat(where=AT_CHECKPOINT)
             self.job.save(self.checkpoint_dir, self.model, at, self.keep, extra={"batching": self.batching},
                           background=background)
             self.interval.written()

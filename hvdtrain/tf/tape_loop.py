@@ -49,7 +49,7 @@ from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.phases import injected_delay
 from hvdtrain.tf import keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
-from hvdtrain.watchdog import WRITING, Watchdog
+from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 WRITER = "hvdtrain.tf.tape_loop"  # in each checkpoint's meta
 
@@ -89,6 +89,7 @@ class TapeJob(Job):
     def __init__(self, keras, backend, cfg, job_id):
         super().__init__(keras, backend, cfg, job_id)
         self.watchdog = Watchdog(cfg.watchdog_seconds, PROG, self.rank, self.world_size)
+        self.files.watchdog = self.watchdog
         self.stopped_by: str | None = None
         self.position = ckpt.Position()  # the epoch, batches stepped in it, steps in all
         self.batches_in_epoch = self.batching = self.resumed_batching = None  # batching: [ranks, batch_size]
@@ -270,7 +271,7 @@ class TapeJob(Job):
         self._save(checkpoint_dir, model, optimizer, keep=keep)
 
     def _save(self, checkpoint_dir: str, model, optimizer, keep: int, background: bool = False) -> None:
-        self.watchdog.beat(where=WRITING)
+        self.watchdog.beat(where=AT_CHECKPOINT)
         self.backend.average_variables(model.non_trainable_weights)  # Horovod averages gradients only
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
         at = self.position.next_epoch() if done else self.position

@@ -33,7 +33,7 @@ from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch import data, images
 from hvdtrain.torch.devices import copy_to_host, rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
-from hvdtrain.watchdog import WRITING, Watchdog
+from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 PROG = "hvdtrain.torch.loop"
 
@@ -108,6 +108,7 @@ class Run:
         self.saving_to = None               # (directory, model, optimizer) of run.resume(): interval checkpoints
         self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
         self.writer = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes (interval ones in the background)
+        self.writer.watchdog = self.watchdog
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -227,7 +228,7 @@ class Run:
         """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank.
         background: on a thread while your next steps run (the state copied to host memory
         first); run.should_stop() then says its failure on every rank at the next step."""
-        self.watchdog.beat(where=WRITING)
+        self.watchdog.beat(where=AT_CHECKPOINT)
         self.backend.average_buffers(model)  # BatchNorm statistics of every rank, not rank 0's
         # Where a resume starts: the next epoch, or this one's unstepped batches (after a stop, a break).
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
