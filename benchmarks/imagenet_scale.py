@@ -24,6 +24,16 @@ Measured:
 
 Run 1 trains to sample 640,000 (--steps) and stops, writing its checkpoint; run 2 resumes there,
 ends the epoch and validates. A scale rehearsal, not a CI test (docs/data.md has the figures).
+
+    python benchmarks/imagenet_scale.py --epochs 5 --out /tmp/imagenet-epochs
+
+Over several epochs instead (one launch, no resume): every shard file a process opens is counted
+exactly, not sampled (a Python audit hook, through sitecustomize, appends each open's time, process
+and path to opens.log: the raw record, kept beside the figures), and attributed to the epoch whose
+training or validation it falls in (epoch ends as the log says them); per decode worker and epoch,
+the shard files it opened and the most it held open at once (descriptors sampled every second).
+The figure to watch is the last: it stays near one epoch's working set (idle files close) instead
+of growing by one epoch's set at every epoch until the limit.
 """
 from __future__ import annotations
 
@@ -110,9 +120,11 @@ def write_dataset(out: str, train_samples: int = TRAIN, train_shards: int = TRAI
 class WorkerWatch(threading.Thread):
     """Every second: each decode worker's descriptors, shard files open, RSS and private dirty memory (the maxima)."""
 
-    def __init__(self, root_pid: int):
+    def __init__(self, root_pid: int, epoch_ends: list | None = None):
         super().__init__(daemon=True)
         self.root_pid, self.stop, self.workers = root_pid, threading.Event(), {}
+        self.epoch_ends = epoch_ends if epoch_ends is not None else []  # grows as the epochs end
+        self.per_epoch = {}  # (pid, epoch index) -> the most shard files open at once
 
     def run(self):
         import psutil
@@ -145,33 +157,64 @@ class WorkerWatch(threading.Thread):
                     if count:
                         seen["split"] = split
                         seen["shard_files"] = max(seen["shard_files"], count)
+                        key = (proc.pid, len(self.epoch_ends))
+                        self.per_epoch[key] = max(self.per_epoch.get(key, 0), count)
                 seen["rss_mb"] = max(seen["rss_mb"], mem.rss / 2**20)
                 seen["private_mb"] = max(seen["private_mb"], private)
 
 
-def train(data: str, ckpt: str, ranks: int, workers: int, batch: int, steps: int | None, log: str) -> dict:
-    """One launch under the open-file limit; its start-up, workers and result."""
+# Installed in every Python process of a launch (ranks, forkservers, and so the workers they fork)
+# through sitecustomize: each open of a shard file or an index, one line (time, pid, path).
+OPENS_HOOK = """import os, sys, time
+_log = os.environ.get("IMAGENET_SCALE_OPENS_LOG")
+if _log:
+    _fd = {}
+    def _record(event, args):
+        if event == "open" and isinstance(args[0], str) and ("/shard-" in args[0] or args[0].endswith("index.npz")):
+            pid = os.getpid()
+            if pid not in _fd:  # after a fork: this process's own descriptor (O_APPEND: whole lines)
+                _fd.clear()
+                _fd[pid] = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(_fd[pid], f"{time.time():.4f} {pid} {args[0]}\\n".encode())
+    sys.addaudithook(_record)
+"""
+
+
+def train(data: str, ckpt: str, ranks: int, workers: int, batch: int, steps: int | None, log: str,
+          epochs: int = 1, opens_log: str | None = None) -> dict:
+    """One launch under the open-file limit; its start-up, workers, result and epoch ends (the
+    clock when each epoch's line came)."""
     result = os.path.join(os.path.dirname(log), os.path.basename(log) + ".json")
     argv = [sys.executable, "-m", "hvdtrain.torch", "--model", "mnist_cnn", "--dataset", "shards", "--data-dir", data,
             "--image-size", "16", "--batch-size", str(batch), "--num-workers", str(workers), "--threads-per-rank", "1",
-            "--epochs", "1", "--checkpoint-dir", ckpt, "--log-interval", "1", "--result-json", result,
+            "--epochs", str(epochs), "--checkpoint-dir", ckpt, "--log-interval", "1", "--result-json", result,
             "--watchdog-seconds", "600", *(["--steps", str(steps)] if steps else [])]
     command = ["bash", "-c", f'ulimit -Sn {LIMIT} -Hn {LIMIT} && exec "$@"', "limit",
                *launch_command("mpirun", ranks), *argv]
-    env = launch_env(PYTHONUNBUFFERED="1", PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
+    path = REPO
+    if opens_log:
+        hooks = os.path.join(os.path.dirname(opens_log), "hooks")
+        os.makedirs(hooks, exist_ok=True)
+        with open(os.path.join(hooks, "sitecustomize.py"), "w") as f:
+            f.write(OPENS_HOOK)
+        path = hooks + os.pathsep + REPO
+    env = launch_env(PYTHONUNBUFFERED="1", PYTHONPATH=path, CUDA_VISIBLE_DEVICES="",
+                     **({"IMAGENET_SCALE_OPENS_LOG": opens_log} if opens_log else {}))
     started = time.monotonic()
     first_step = None
+    epoch_ends = []
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        watch = WorkerWatch(proc.pid)
+        watch = WorkerWatch(proc.pid, epoch_ends)
         watch.start()
         seen = b""
         while chunk := os.read(proc.stdout.fileno(), 1 << 16):  # the progress bar's updates end in \r
             out.write(chunk)
-            if first_step is None:
-                seen = seen[-4096:] + chunk
-                if re.search(rb"\| 1/\d+ \[", seen):  # the first step's update of the progress bar
-                    first_step = time.monotonic() - started
+            seen = seen[-4096:] + chunk
+            if first_step is None and re.search(rb"\| 1/\d+ \[", seen):  # the first step's progress bar
+                first_step = time.monotonic() - started
+            while re.search(rb"hvdtrain\.torch: epoch %d\.00: " % (len(epoch_ends) + 1), seen):
+                epoch_ends.append(time.time())  # the epoch's line: its training and validation are over
         proc.wait()
         watch.stop.set()
     if proc.returncode:
@@ -179,7 +222,9 @@ def train(data: str, ckpt: str, ranks: int, workers: int, batch: int, steps: int
     with open(result) as f:
         report = json.load(f)
     return {"seconds": time.monotonic() - started, "first_step_s": first_step, "workers": list(watch.workers.values()),
-            "result": report}
+            "result": report, "epoch_ends": epoch_ends,
+            "held_per_epoch": [{"pid": pid, "epoch": epoch + 1, "split": watch.workers[pid].get("split"),
+                                "shard_files_max": most} for (pid, epoch), most in sorted(watch.per_epoch.items())]}
 
 
 # ---------------------------------------------------------------------------------------- the index in a worker
@@ -239,6 +284,38 @@ def opens_per_epoch(sample_shards: np.ndarray, ranks: int, workers: int, batch: 
     return total
 
 
+def over_epochs(args, data: str, ckpt: str) -> dict:
+    """One launch over args.epochs epochs; per epoch: shard files opened (exactly: opens.log), by
+    the training and validation workers, and per training worker the most it held open at once."""
+    opens_log = os.path.join(args.out, "opens.log")
+    if os.path.exists(opens_log):
+        os.remove(opens_log)
+    run = train(data, ckpt, args.ranks, args.workers, args.batch_size, None, os.path.join(args.out, "epochs.log"),
+                epochs=args.epochs, opens_log=opens_log)
+    ends = run["epoch_ends"]
+    with open(os.path.join(args.out, "held_per_epoch.json"), "w") as f:
+        json.dump(run["held_per_epoch"], f, indent=0)
+    rows = []
+    with open(opens_log) as f:
+        opens = [line.split(" ", 2) for line in f]
+    for e in range(args.epochs):
+        start, end = (ends[e - 1] if e else 0.0), (ends[e] if e < len(ends) else float("inf"))
+        mine = [(pid, path.strip()) for t, pid, path in opens if start <= float(t) < end]
+        train_opens = [p for p in mine if "/train/shard-" in p[1]]
+        held = [r["shard_files_max"] for r in run["held_per_epoch"] if r["epoch"] == e + 1 and r["split"] == "train"]
+        rows.append({"epoch": e + 1, "train_shard_opens": len(train_opens),
+                     "train_processes_opening": len({pid for pid, _ in train_opens}),
+                     "val_shard_opens": sum("/val/shard-" in p for _, p in mine),
+                     "index_opens": sum(p.endswith("index.npz") for _, p in mine),
+                     "held_per_train_worker_max": max(held, default=0),
+                     "held_per_train_worker_mean": round(sum(held) / len(held), 1) if held else 0})
+        print(f"imagenet_scale: epoch {e + 1}: {json.dumps(rows[-1])}", flush=True)
+    return {"seconds": round(run["seconds"], 1), "first_step_s": run["first_step_s"],
+            "global_step": run["result"].get("global_step"), "per_epoch": rows,
+            "raw": {"opens": opens_log, "held_per_epoch": os.path.join(args.out, "held_per_epoch.json"),
+                    "log": os.path.join(args.out, "epochs.log")}}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "hvdtrain-imagenet-scale"))
@@ -249,6 +326,8 @@ def main(argv=None) -> None:
     p.add_argument("--train-samples", type=int, default=TRAIN, help="ImageNet's by default (a smaller trial run)")
     p.add_argument("--train-shards", type=int, default=TRAIN_SHARDS)
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="more than 1: one launch over this many epochs, opens counted exactly (no resume run)")
     args = p.parse_args(argv)
 
     data = os.path.join(args.out, "shards")
@@ -275,6 +354,13 @@ def main(argv=None) -> None:
     print(f"imagenet_scale: opens an epoch (computed): {figures['opens_per_epoch_computed']}", flush=True)
 
     ckpt = os.path.join(args.out, f"ckpt-{int(time.time())}")
+    if args.epochs > 1:
+        figures["epochs"] = over_epochs(args, data, ckpt)
+        print(json.dumps(figures, indent=1))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(figures, f, indent=1)
+        return
     global_batch = args.ranks * args.batch_size
     stop = args.resume_at // global_batch
     runs = {}

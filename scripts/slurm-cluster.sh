@@ -76,7 +76,8 @@ SchedulerParameters=sched_interval=2
 MpiDefault=pmix
 ReturnToService=2
 JobRequeue=1
-KillWait=10
+# As at sites (30-60 s): a failure must end a job at hvdtrain's pace, not at a short KillWait.
+KillWait=60
 InactiveLimit=0
 MinJobAge=300
 AccountingStorageType=accounting_storage/none

@@ -2,8 +2,9 @@
 templates train 2 ranks to COMPLETED; USR1 checkpoints, requeues and resumes to the same weights as
 the uninterrupted job, with DataLoader workers in every rank; scancel checkpoints without a
 requeue; `--signal=USR1@T` reaches the tasks, not the batch shell (its jobs run beside the
-others: every job submitted here may share cores); the doctor template job is READY; a rank
-frozen after the others ended does not hold the job (srun --wait). Every wait has a hard timeout;
+others: every job submitted here may share cores); the doctor template job is READY; a rank that
+fails ends the job within 30 s under the cluster's KillWait of 60 s; a rank frozen after the
+others ended does not hold the job (srun --wait). Every wait has a hard timeout;
 a job still running at a timeout is cancelled."""
 import glob
 import os
@@ -130,8 +131,8 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
     cwd = str(tmp_path)
     job_id, log = submit(imagefolder_job["script"], cwd)
     # Signalled once steps are being made (the progress bar counts one or more), not at the config
-    # line: on a slower machine the first step (the workers' start) can outlast the cluster's
-    # KillWait (10 s), and scancel's SIGKILL then came before the step boundary where the ranks stop.
+    # line: on a slower machine the first step (the workers' start) can outlast a short KillWait,
+    # and scancel's SIGKILL would come before the step boundary where the ranks stop.
     stepping = re.compile(r"epoch [1-3]/\d+: .*\| *[1-9]\d*/\d+ \[")
     wait_until("training steps", lambda: stepping.search(tail(log, 10**6)), 300, job_id, log, 0.2)
     run(["scancel", "--signal=USR1", job_id] if how == "usr1" else ["scancel", job_id])
@@ -162,6 +163,50 @@ def test_stop_signal_with_dataloader_workers_checkpoints(imagefolder_job, tmp_pa
         [ckpt_dir] = glob.glob(os.path.join(cwd, "runs", f"*-{job_id}", "checkpoints"))
         steps = [int(m) for m in re.findall(r"ckpt-e\d+-s(\d+)(?:-n\d+)?\.pt", " ".join(os.listdir(ckpt_dir)))]
         assert int(stopped.group(2)) in steps, (steps, text[-4000:])
+
+
+# ------------------------------------------------------------------------------ a failure ends the job, whatever KillWait
+def test_a_failing_rank_ends_the_job_within_30_s_whatever_slurms_killwait(slurm_cluster, tmp_path):
+    """The cluster's KillWait is 60 s, as at sites (30-60). A user's dataset fails in rank 1's
+    decode worker, in two jobs side by side: under the generator's `srun --kill-on-bad-exit=1`
+    the worker is killed (the out-of-memory killer's SIGKILL); under a plain srun (a user's own
+    line) the read raises OSError. Slurm's SIGTERM, then SIGKILL a KillWait later, or nothing at
+    all: either way every rank ends within 30 s of the failure, the first failure's one line
+    names it (the killed worker as killed, never as a broken pipe), and nothing follows it but the
+    launcher's words (no resource tracker warning)."""
+    kill_wait = re.search(r"^KillWait\s*=\s*(\d+)", run(["scontrol", "show", "config"]).stdout, re.M)
+    assert kill_wait and int(kill_wait.group(1)) > 30, "the suite's cluster must have a site's KillWait"
+    users = os.path.join(REPO, "tests", "scripts", "failing_dataset.py")
+    jobs = {}
+    for how, srun in (("killed", "srun --kill-on-bad-exit=1 "), ("raising", "srun ")):
+        script = tmp_path / f"{how}.sbatch"
+        assert generator("--cpu-only", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "10",
+                         "--signal-lead", "60", "--job-name", f"hvdtrain-{how}", "-o", str(script), "--", "--model", f"{users}:build_model",
+                         "--dataset", f"{users}:{how}", "--num-workers", "1", "--batch-size", "8", "--epochs", "20",
+                         "--threads-per-rank", "1", "--watchdog-seconds", "300").returncode == 0
+        text = script.read_text()
+        assert "srun --kill-on-bad-exit=1 " in text
+        script.write_text(text.replace("srun --kill-on-bad-exit=1 ", srun))
+        jobs[how] = submit(str(script), str(tmp_path))
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    for how, (job_id, log) in jobs.items():
+        failed_at = wait_until("the failure", lambda: re.search(r"^failing at (\d+\.\d+)$", tail(log, 10**6), re.M),
+                               300, job_id, log, every=0.2)
+        wait_until("the job's end", lambda: job_info(job_id).get("JobState") in ended, 90, job_id, log, every=0.2)
+        took = time.time() - float(failed_at.group(1))
+        text = tail(log, 10**6)
+        errors = re.findall(r"hvdtrain\.torch: error \[rank (\d)/2\]: (.*)", text)
+        assert errors and errors[0][0] == "1", text[-4000:]
+        if how == "killed":
+            assert re.match(r"reading the data: (a DataLoader worker of this rank ended|DataLoader worker \(pid).*killed "
+                            r"from outside, most often for memory", errors[0][1]), text[-4000:]
+        else:
+            assert errors[0][1].startswith("reading the data, in DataLoader worker 0: OSError: [Errno 5] Input/output "
+                                           "error: '/gpfs/data/train/sample-"), text[-4000:]
+        assert "resource_tracker" not in text and "Traceback" not in text and "Connection reset" not in text, text[-4000:]
+        assert took < 30, f"{how}: the job ended {took:.1f} s after the failure (KillWait {kill_wait.group(1)} s):\n{text[-4000:]}"
+        print(f"{how} ({'--kill-on-bad-exit=1' if how == 'killed' else 'plain srun'}): the job ended {took:.1f} s "
+              f"after the failure; rank lines: {errors}")
 
 
 # ------------------------------------------------------------------------------ srun --wait: a rank frozen at the end
