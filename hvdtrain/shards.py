@@ -341,7 +341,8 @@ def load_index(path: str) -> dict[str, np.ndarray]:
     33 bytes a sample, 42 MB for ImageNet's 1.28 M, 630 MB for a rank's 15 workers (issue 46)."""
     arrays = {}
     try:
-        with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        # One open of the file: the archive's listing and every array's map go through it.
+        with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
             for member in archive.infolist():
                 name = member.filename.removesuffix(".npy")
                 if member.compress_type != zipfile.ZIP_STORED:
@@ -359,7 +360,7 @@ def load_index(path: str) -> dict[str, np.ndarray]:
                 if dtype.hasobject or not all(shape):  # never written by hvdtrain; an empty array maps nothing
                     arrays[name] = np.load(archive.open(member), allow_pickle=False)
                     continue
-                arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape,
+                arrays[name] = np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape,
                                          order="F" if fortran_order else "C")
     except (OSError, zipfile.BadZipFile, ValueError, struct.error) as err:
         raise UsageError(f"cannot read the index {path} ({err}): python -m hvdtrain.shards verify "

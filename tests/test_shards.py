@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -247,6 +248,11 @@ def test_the_index_is_memory_mapped_and_not_pickled_into_workers(folder, tmp_pat
         assert reader.index[column].tobytes() not in sent, column
     copy = pickle.loads(sent)
     assert isinstance(copy.index["offset"], np.memmap) and copy.read(5) == reader.read(5)
+    # A process maps its index through one open of the file (a worker's start: not one per column).
+    count = ("import sys\nfrom hvdtrain import shards\nopens = []\n"
+             "sys.addaudithook(lambda e, a: opens.append(a[0]) if e == 'open' and str(a[0]).endswith('index.npz') else 0)\n"
+             f"shards.load_index({os.path.join(out, 'train', 'index.npz')!r})\nprint(len(opens))\n")
+    assert subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, check=True).stdout == "1\n"
     (tmp_path / "broken").mkdir()
     open(tmp_path / "broken" / "index.npz", "wb").write(b"not a zip")
     with pytest.raises(UsageError, match="cannot read the index .*index.npz"):
