@@ -26,9 +26,9 @@ from hvdtrain.watchdog import WRITING
 
 FORMAT_VERSION = 1
 # ckpt-e<epochs completed>-s<global step>[-n<samples seen in the epoch under way>].<ext>. The n
-# field (since 2026-11-27) orders checkpoints across a resize: another global batch recomputes the
-# global step from the samples seen, so the steps of a run moved to more ranks are smaller than
-# the steps of the checkpoints before the move (issue 46).
+# field orders checkpoints across a resize: another global batch recomputes the global step from
+# the samples seen, so the steps of a run moved to more ranks are smaller than the steps of the
+# checkpoints before the move (a name without it is an older checkpoint's, still read).
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)(?:-n(\d+))?\.(pt|npz)$")
 TMP_PREFIX = ".tmp-hvdtrain-"  # atomic_write's temporary files: + host-pid-random
 _TMP_NAME = re.compile(r"^\.tmp-hvdtrain-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")

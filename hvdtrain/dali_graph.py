@@ -28,7 +28,7 @@ def images(fn, types, *, train: bool, size: int, gpu: bool, layout: str, files, 
     if train:
         # axis_names="HW": the window is (top, left, height, width). image_slice's default, "WH",
         # read it as (x, y) and (width, height): every crop transposed, its aspect ratio inverted
-        # (1.33-2.37 on a 500x375 image where torchvision's are 0.75-1.33; issue 46).
+        # (1.33-2.37 on a 500x375 image where torchvision's are 0.75-1.33).
         decoded = fn.decoders.image_slice(files, fn.slice(window, 0, 2, axes=[0]), fn.slice(window, 2, 2, axes=[0]),
                                           axis_names="HW", device=decoder, output_type=types.RGB,
                                           normalized_anchor=True, normalized_shape=True,

@@ -142,7 +142,7 @@ class BadSample(UsageError):
 def exact_shard(n: int, rank: int, world_size: int) -> range:
     """Indices of rank's share of n samples: each sample on exactly one rank, no padding. A
     contiguous block (sizes differ by one at most), so that from shards a rank reads a few of
-    them, not every one (issue 46)."""
+    them, not every one."""
     return range(rank * n // world_size, (rank + 1) * n // world_size)
 
 

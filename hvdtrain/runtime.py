@@ -35,8 +35,8 @@ def rank_cores(local_world_size: int) -> int:
 def feeder_thread_pays(on_gpu: bool, cores: int, compute_threads: int, decode_workers: int) -> bool:
     """Whether the device feeder's thread (hvdtrain/torch/feeder.py) is worth running: on a GPU
     it overlaps the copy and the normalisation with the step; on a CPU it only competes with the
-    step and the decode workers for the rank's cores, unless one is left over for it (measured:
-    issue 46, 2 ranks x 1 worker on 2 cores)."""
+    step and the decode workers for the rank's cores, unless one is left over for it (measured
+    with 2 ranks x 1 worker on 2 cores: benchmarks/cpu_node.py)."""
     return on_gpu or cores > compute_threads + decode_workers
 
 

@@ -338,7 +338,7 @@ def load_index(path: str) -> dict[str, np.ndarray]:
     """The arrays of an index.npz, each memory-mapped read-only where it is stored uncompressed (as
     np.savez writes them): the pages are shared through the page cache by every process of a node
     and read as used. Loaded (np.load), each decode worker held its own copy, pickled to it: about
-    33 bytes a sample, 42 MB for ImageNet's 1.28 M, 630 MB for a rank's 15 workers (issue 46)."""
+    33 bytes a sample, 42 MB for ImageNet's 1.28 M, 630 MB for a rank's 15 workers."""
     arrays = {}
     try:
         # One open of the file: the archive's listing and every array's map go through it.

@@ -322,7 +322,7 @@ DRAWS_PER_CALL = 256  # samples whose draws one call into Python makes (augment.
 def with_draws(samples: tf.data.Dataset, seed: int, epoch) -> tf.data.Dataset:
     """(i, draws) for each sample index i: hvdtrain/augment.py's numbers for its crop and flip,
     made by numpy a few hundred samples a call, so that the map that decodes runs TensorFlow's ops
-    alone (a call into Python per image held the GIL: 0.36 ms an image, issue 48). `epoch`: an int64
+    alone (a call into Python per image held the GIL: 0.36 ms an image). `epoch`: an int64
     tensor (one dataset for many epochs: FitImages)."""
     def draws(indices, e):
         return augment.sample_draws(seed, int(e), indices)

@@ -145,7 +145,7 @@ class DaliLoader:
             raise datasets.BadSample(self._which_failed(batch) or f"DALI failed on a batch: "
                                      f"{str(err).strip().splitlines()[0]}") from None
         # Labels stay on the host, page-locked on a GPU machine: the feeder copies them without a
-        # wait (a tensor made from a list straight on the GPU was a blocking copy; issue 46).
+        # wait (a tensor made from a list straight on the GPU was a blocking copy).
         y = torch.as_tensor(labels, dtype=torch.int64)
         return self._to_torch(out), (y.pin_memory() if self.device.type == "cuda" else y)
 

@@ -315,7 +315,7 @@ def _loader(dataset, cfg, loader_class=DataLoader, **kwargs) -> DataLoader:
             return DataLoader(_Gathered(dataset, gatherable, kwargs.get("pin_memory", False)), num_workers=0,
                               collate_fn=_collate_gathered, **kwargs)
         if _device_columns(dataset):  # a user's tensors already on the GPU: nothing to pin or copy
-            kwargs["pin_memory"] = False  # ("cannot pin 'torch.cuda.FloatTensor'", issue 46)
+            kwargs["pin_memory"] = False  # ("cannot pin 'torch.cuda.FloatTensor'")
         return DataLoader(dataset, num_workers=0, **kwargs)
     collate = images.worker_collate(dataset)
     if collate is not None:

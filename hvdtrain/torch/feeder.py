@@ -37,7 +37,7 @@ _END = object()
 
 def _read_in_one_line(batches):
     """The loader's batches; an error while reading one (a dataset's exception, in a worker or
-    here, a worker killed) becomes one line naming it and where it was raised (issue 46: a
+    here, a worker killed) becomes one line naming it and where it was raised (a
     traceback from the worker, then another from the rank, and the job's end left to the
     launcher). hvdtrain's own one-line errors (a damaged sample) pass as they are."""
     try:
@@ -140,7 +140,7 @@ class DeviceFeeder:
     def _made_on_side_stream(self, batches):
         """The loader's batches, each made with the side stream current: a loader that puts its
         batches on the GPU itself (DALI's copy out of its pipeline) queues that work there, where
-        the event after the batch covers it, not on the step's stream (issue 46)."""
+        the event after the batch covers it, not on the step's stream."""
         if self.stream is None:
             yield from batches
             return

@@ -108,7 +108,7 @@ _CONSTANTS: dict = {}  # (device, normalization) -> (mean x 255, 1 / (std x 255)
 def _normalization_constants(normalization, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch normalisation's constants on `device`, made once: built at every batch, each was
     a copy from pageable host memory, which makes the host wait for the GPU where it runs on the
-    compute stream (Lightning's transfer hook; issue 46)."""
+    compute stream (Lightning's transfer hook)."""
     key = (str(device), tuple(map(tuple, normalization)))
     if key not in _CONSTANTS:
         mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) * 255 for v in normalization)
@@ -136,7 +136,7 @@ IMAGENET_NORMALIZATION = datasets.IMAGENET_NORMALIZATION
 class NormalizedBatches:
     """A decode worker's collate function: the samples' uint8 images stacked, then normalised as
     to_model_input would, into the shared-memory float batch the rank receives. One pass over the
-    floats: normalised one image at a time, then collated, they took about three (issue 46)."""
+    floats: normalised one image at a time, then collated, they took about three."""
 
     def __init__(self, normalization):
         self.normalization = normalization
@@ -165,7 +165,7 @@ def normalize_in_workers(dataset) -> bool:
     in the decode workers (their loader's collate function: worker_collate): a uint8 batch
     saves bytes on a bus that a CPU run does not cross, and normalised in the rank's main
     process it runs in series with the step (30 ms a batch of 32 at 224 px on one core: about
-    what the uint8 decode saved, issue 46). True where it now is; a user's dataset is left as it is."""
+    what the uint8 decode saved). True where it now is; a user's dataset is left as it is."""
     from torchvision.datasets import ImageFolder
 
     dataset = _inner(dataset)

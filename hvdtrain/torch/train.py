@@ -90,7 +90,7 @@ class Trainer(EpochTrainer):
         self.input_normalization = data.input_normalization(self.train_ds)
         if self.device.type == "cpu" and self.cfg.num_workers and self.cfg.loader == "torch":
             # No bus to spare on a CPU: the decode workers normalise, in parallel, instead of the
-            # rank's main process, in series with the step (issue 46: 30 ms a batch of 32 at 224 px).
+            # rank's main process, in series with the step (30 ms a batch of 32 at 224 px).
             for dataset in (self.train_ds, self.val_ds):
                 images.normalize_in_workers(dataset)
         self.feeder_thread = None  # whether the training batches came through the feeder's thread
@@ -254,7 +254,7 @@ class Trainer(EpochTrainer):
                 meter.phase("sync")  # DDP: waiting for its last buckets' allreduce, inside backward()
                 correct = (out.argmax(1) == yc).sum().double() if self.reports_accuracy else stats.new_zeros(())
                 # In place, from Python numbers: new_tensor(len(yc)) was a blocking copy from host
-                # memory, a wait for the GPU at every micro-batch (issue 46).
+                # memory, a wait for the GPU at every micro-batch.
                 stats[0] += loss.detach().double() * len(yc)
                 stats[1] += correct
                 stats[2] += len(yc)
