@@ -46,6 +46,7 @@ from hvdtrain.runtime import threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.horovod_layout import ContiguousCompression, broadcast_tensors
+from hvdtrain.torch.internals import layer_sync
 from hvdtrain.watchdog import WRITING
 
 PROG = "hvdtrain.lightning"
@@ -221,7 +222,7 @@ class HorovodStrategy(ParallelStrategy):
 
     def _refuse_unsupported(self, trainer) -> None:
         problem = None
-        if self._layer_sync is not None:
+        if layer_sync(self) is not None:
             # Horovod's SyncBatchNorm reduces GPU tensors only, and torch's needs a process group:
             # refused, never silently per rank.
             problem = ("Trainer(sync_batchnorm=True) is not supported: BatchNorm statistics stay per rank and are "

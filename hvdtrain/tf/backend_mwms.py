@@ -11,7 +11,6 @@ its own shard (the datasets are not auto-sharded), exactly as under Horovod.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
@@ -22,6 +21,7 @@ import tensorflow as tf
 
 from hvdtrain.cluster import ClusterEnv, free_port
 from hvdtrain.horovod_ops import check_launcher_agrees
+from hvdtrain.tf import internals
 from hvdtrain.tf.backend import TFBackend
 from hvdtrain.tf.devices import pin_gpu
 
@@ -45,23 +45,6 @@ def collective_implementation(on_gpu: bool) -> str:
     NCCL too (AUTO would run TF's own ring all-reduce there: TF picks NCCL only when asked, so the
     Horovod-TF vs MWMS comparison would be NCCL against a ring); AUTO on CPUs, TF's ring (as before)."""
     return "NCCL" if on_gpu else "AUTO"
-
-
-@contextlib.contextmanager
-def _summed_already(optimizer):
-    """While a step is traced, Keras' TF optimizer takes its gradients as summed over replicas:
-    its _all_reduce_sum_gradients (the replica context's sum, keras/src/backend/tensorflow/
-    optimizer.py) returns them as they are. Checked, not assumed: a Keras without it would sum
-    them twice."""
-    if not callable(getattr(type(optimizer), "_all_reduce_sum_gradients", None)):
-        raise RuntimeError(f"{type(optimizer).__module__}.{type(optimizer).__name__} has no "
-                           "_all_reduce_sum_gradients: this Keras cannot run the TF step split into phases "
-                           "under MWMS (without HVDTRAIN_TF_PHASES=1 it runs in one function)")
-    optimizer._all_reduce_sum_gradients = list
-    try:
-        yield
-    finally:
-        del optimizer._all_reduce_sum_gradients
 
 
 class MWMSBackend(TFBackend):
@@ -111,7 +94,7 @@ class MWMSBackend(TFBackend):
         # has, and there it first sums the gradients over the replicas itself: here it is told
         # that they are summed already (by reduce_gradients, with the same all-reduce).
         def apply(grads):
-            with _summed_already(optimizer):
+            with internals.summed_already(optimizer):
                 optimizer.apply_gradients(zip(grads, variables))
         self.strategy.run(apply, args=(grads,))
 

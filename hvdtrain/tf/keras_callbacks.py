@@ -56,7 +56,7 @@ from hvdtrain.netsockets import loopback_settings
 from hvdtrain.phases import injected_delay
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
-from hvdtrain.tf import npz_checkpoint
+from hvdtrain.tf import internals, npz_checkpoint
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 PROG = "hvdtrain.tf"
@@ -196,7 +196,7 @@ class Job:
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             raise UsageError("call model.compile(optimizer=hvd.optimizer(...), ...) before hvdtrain.tf.callbacks()")
-        if not hasattr(optimizer, "_allreduce_grads"):  # Horovod's DistributedOptimizer has it
+        if not internals.averages_over_ranks(optimizer):
             raise UsageError("the model's optimizer does not average gradients over ranks: compile with "
                              "optimizer=hvd.optimizer(keras.optimizers.legacy.SGD(...)), hvd = hvdtrain.tf.start()")
         self._check_legacy(optimizer, "model.compile()")
@@ -210,7 +210,7 @@ class Job:
         interval = self._interval(checkpoint_every, checkpoint_dir)
         target_lr = self._scaled_lr(optimizer) if scale_lr else None
         # Slots now, not in the first step: the checkpoint and the broadcast need them.
-        optimizer._create_all_weights(model.trainable_variables)
+        internals.create_slots(optimizer, model.trainable_variables)
         with _watched(self.cfg, self.rank, self.world_size, "resuming"):
             position, resumed_batching = self._resume(checkpoint_dir, model, optimizer)
             # Horovod: every rank starts from rank 0's weights and optimizer state (resumed or not),
@@ -362,8 +362,7 @@ def _guard_class(keras):
                 raise UsageError(f"the ranks run different numbers of batches per epoch ({counts}, in rank order): "
                                  "give every rank as many samples (drop the remainder), or pass steps_per_epoch")
             self.batching = [job.world_size, steps]
-            per_execution = getattr(self.model, "_steps_per_execution", None)  # a tf.Variable once compiled
-            self.per_execution = 1 if per_execution is None else int(per_execution.numpy())
+            self.per_execution = internals.steps_per_execution(self.model)
             if self.per_execution != 1 and (self.interval.steps or self.interval.seconds):
                 raise UsageError(f"checkpoint_every needs model.compile(steps_per_execution=1) (got "
                                  f"{self.per_execution}): an interval checkpoint may fall after any batch")

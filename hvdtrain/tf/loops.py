@@ -17,6 +17,7 @@ import tensorflow as tf
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import tf_split_requested
 from hvdtrain.schedule import lr_factor
+from hvdtrain.tf import internals
 from hvdtrain.tf.data import model_input
 from hvdtrain.tf.devices import tf_variable
 
@@ -180,7 +181,7 @@ class FitLoop:
                 else legacy.Adam(learning_rate=cfg.lr))
         self.optimizer = backend.keras_optimizer(base, cfg)
         # Slots now, not in the first step: resume and broadcast need them before training.
-        self.optimizer._create_all_weights(model.trainable_variables)
+        internals.create_slots(self.optimizer, model.trainable_variables)
         if cfg.weight_decay:
             model.add_loss(lambda: l2_penalty(model.trainable_variables, cfg.weight_decay))
         # The step's loss apart from the L2 term (fit's "loss" log includes it), and the accuracy.

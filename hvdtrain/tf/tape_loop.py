@@ -47,7 +47,7 @@ import numpy as np
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.phases import injected_delay
-from hvdtrain.tf import keras_callbacks
+from hvdtrain.tf import internals, keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
@@ -216,9 +216,8 @@ class TapeJob(Job):
     def _build_optimizer(self, model, optimizer) -> None:
         """The optimizer's variables (iterations, slots) now, not in the first step: the
         checkpoint and the broadcast need them."""
-        if hasattr(optimizer, "_create_all_weights"):  # Keras 2's legacy optimizers
-            optimizer._create_all_weights(model.trainable_variables)
-        elif not getattr(optimizer, "built", getattr(optimizer, "_built", False)):
+        if not internals.create_slots(optimizer, model.trainable_variables) and \
+                not getattr(optimizer, "built", getattr(optimizer, "_built", False)):
             optimizer.build(model.trainable_variables)
 
     @exits_on_usage_error(PROG)

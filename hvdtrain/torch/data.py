@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 
 from hvdtrain import augment, datasets
 from hvdtrain.errors import UsageError
-from hvdtrain.torch import images, workers
+from hvdtrain.torch import images, internals, workers
 
 
 class ArrayDataset(Dataset):
@@ -283,22 +283,9 @@ def close_loaders() -> None:
     torch's own shutdown waits up to 10 s for each busy worker. So they are killed, after torch's
     SIGCHLD check forgets them (it would call their end an error), then torch shuts down the rest
     (its queues, its pinning thread)."""
-    from torch.utils.data._utils import signal_handling
-
     while _kept:
         _, (_, loader, _) = _kept.popitem()
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is None:
-            continue
-        if getattr(iterator, "_worker_pids_set", False):
-            signal_handling._remove_worker_pids(id(iterator))
-            iterator._worker_pids_set = False
-        for worker in iterator._workers:
-            worker.kill()
-        for worker in iterator._workers:
-            worker.join(timeout=5)
-        iterator._shutdown_workers()
-        loader._iterator = None
+        internals.end_loader_workers(loader)
 
 
 def _loader(dataset, cfg, loader_class=DataLoader, **kwargs) -> DataLoader:

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hvdtrain import augment, datasets, shards
+from hvdtrain.torch import internals
 
 
 
@@ -152,7 +153,7 @@ class NormalizedBatches:
         mean, inverse_std = _normalization_constants(self.normalization, uint8.device)
         floats = torch.empty(0, dtype=torch.float32)
         if get_worker_info() is not None:  # made in shared memory, as default_collate does: not copied again to send
-            floats = floats.new(floats._typed_storage()._new_shared(uint8.numel()))
+            floats = internals.shared_floats(uint8.numel())
         floats = floats.resize_(uint8.shape).copy_(uint8).sub_(mean).mul_(inverse_std)
         return [floats, default_collate([y for _, y in batch])]
 

@@ -25,7 +25,7 @@ from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.runtime import feeder_thread_pays, rank_cores
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import dali, data, device_settings, images
+from hvdtrain.torch import dali, data, device_settings, images, internals
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
@@ -288,9 +288,8 @@ class Trainer(EpochTrainer):
         at the end of backward, queued after this one), and that wait is sync, not compute."""
         if not self.meter.phases.running:
             return
-        engine = torch.autograd.Variable._execution_engine
         # The loss's own hook runs first in backward, where a callback may be queued.
-        loss.register_hook(lambda grad: engine.queue_callback(lambda: self.meter.phase("compute")))
+        loss.register_hook(lambda grad: internals.at_end_of_backward(lambda: self.meter.phase("compute")))
 
     @torch.no_grad()
     def _validate(self) -> dict:
