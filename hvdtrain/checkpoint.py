@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from hvdtrain import options
+from hvdtrain import options, test_hooks
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, in_one_line
 from hvdtrain.watchdog import WRITING
@@ -109,7 +109,7 @@ class Writer:
 
     # Seconds each write sleeps after its first bytes: a slow parallel file system, for the test
     # that kills rank 0 in the middle of a background write.
-    SLOW_WRITE = float(os.environ.get("HVDTRAIN_TEST_SLOW_CHECKPOINT_WRITE", "0") or 0)
+    SLOW_WRITE = test_hooks.slow_checkpoint_write()
 
     def __init__(self, say=None):
         # Told while rank 0 writes (its own bytes, on a slow file system, may take long) and when

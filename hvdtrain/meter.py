@@ -25,7 +25,8 @@ from typing import Callable
 import numpy as np
 
 from hvdtrain.collectives import Collectives
-from hvdtrain.phases import PhaseClock, injected_delay
+from hvdtrain.phases import PhaseClock
+from hvdtrain.test_hooks import injected_delay
 
 STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
 

@@ -31,16 +31,6 @@ import time
 PHASES = ("data", "compute", "sync", "optimizer", "other")
 
 
-def injected_delay(rank: int, environ=None) -> float:
-    """Test-only: HVDTRAIN_TEST_SLOW_RANK=R:S makes rank R spend S more seconds computing in
-    every step (a sleep after its batch arrives), so that tests can make one rank slow for real."""
-    spec = (environ if environ is not None else os.environ).get("HVDTRAIN_TEST_SLOW_RANK", "")
-    if not spec:
-        return 0.0
-    slow_rank, seconds = spec.split(":")
-    return float(seconds) if int(slow_rank) == rank else 0.0
-
-
 def phases_enabled(environ=None) -> bool:
     """HVDTRAIN_PHASES=0 turns the marks off (benchmarks/phases_overhead.py measures their cost)."""
     return (environ if environ is not None else os.environ).get("HVDTRAIN_PHASES", "1") != "0"

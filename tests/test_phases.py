@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from hvdtrain.phases import (PHASES, PhaseClock, injected_delay, phases_enabled, phases_summary, slowest_rank_line,
+from hvdtrain.test_hooks import injected_delay
+from hvdtrain.phases import (PHASES, PhaseClock, phases_enabled, phases_summary, slowest_rank_line,
                              tf_split_requested)
 
 

@@ -446,7 +446,7 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
               "--threads-per-rank", "1", "--seed", "5", "--loop", "custom"]
     # Interval checkpoints every 3 steps, written in the background, and the epochs' ends.
     every = ["--checkpoint-every", "3", "--keep-checkpoints", "9"]
-    gpu_input = {**base_env(), "HVDTRAIN_TEST_TF_UINT8_INPUT": "1"}  # hvdtrain/tf/devices.py's FORCE_UINT8_INPUT
+    gpu_input = {**base_env(), "HVDTRAIN_TEST_TF_UINT8_INPUT": "1"}  # hvdtrain/test_hooks.py's TF_UINT8_INPUT
     result = str(tmp_path / "full.json")
     run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every, "--result-json", result], timeout=300,
            env=gpu_input)

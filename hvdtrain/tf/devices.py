@@ -1,15 +1,10 @@
 """TensorFlow device and variable helpers shared by the TF backends and loops."""
 from __future__ import annotations
 
-import os
-
 import tensorflow as tf
 
+from hvdtrain import test_hooks
 from hvdtrain.cluster import gpu_for_rank
-
-# The GPU's input path on a CPU, for the test suite (no GPU reaches CI): uint8 batches, copied
-# ahead to the (host) device, normalised in the step.
-FORCE_UINT8_INPUT = "HVDTRAIN_TEST_TF_UINT8_INPUT"
 
 
 def tf_variable(v) -> tf.Variable:
@@ -39,7 +34,7 @@ def uint8_input(device: str, loop: str) -> bool:
     (Keras fit runs its own step, which does not normalise). On a CPU the parallel map normalises:
     there is no bus to spare bytes on, and the step would do in series what the map's threads do
     in parallel."""
-    return loop == "custom" and (device != "cpu" or os.environ.get(FORCE_UINT8_INPUT) == "1")
+    return loop == "custom" and (device != "cpu" or test_hooks.tf_uint8_input_on_cpu())
 
 
 def input_device(device: str) -> str:

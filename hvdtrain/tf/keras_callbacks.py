@@ -53,9 +53,9 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.meter import stop_reason, stop_votes
 from hvdtrain.netsockets import loopback_settings
-from hvdtrain.phases import injected_delay
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, npz_checkpoint
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
@@ -344,7 +344,7 @@ def _guard_class(keras):
             self.position, self.initial_epoch = position, position.epoch
             self.interval, self.resumed_batching = interval, resumed_batching
             self.watchdog, self.stopped_by, self.first_epoch = None, None, True
-            self.slowed = injected_delay(job.rank)  # test-only: a rank made slow on purpose (hvdtrain/phases.py)
+            self.slowed = injected_delay(job.rank)  # test-only: a rank made slow on purpose (hvdtrain/test_hooks.py)
 
         @exits_on_usage_error(PROG)
         def on_train_begin(self, logs=None):

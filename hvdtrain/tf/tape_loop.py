@@ -46,7 +46,7 @@ import numpy as np
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.errors import UsageError, exits_on_usage_error
-from hvdtrain.phases import injected_delay
+from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
