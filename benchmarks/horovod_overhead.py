@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from alternate import medians, mpirun, parse_args, run_alternated  # noqa: E402
 
 PY = sys.executable
-TUNED = horovod_settings("auto", on_cpu=True, cores_per_rank=1)
+TUNED = horovod_settings("auto", on_cpu=True)
 
 
 def configs(a):

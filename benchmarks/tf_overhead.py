@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from alternate import medians, mpirun, parse_args, run_alternated  # noqa: E402
 
 PY = sys.executable
-TUNED = horovod_settings("auto", on_cpu=True, cores_per_rank=1)  # what hvdtrain exports on such a rank
+TUNED = horovod_settings("auto", on_cpu=True)  # what hvdtrain exports on such a rank
 
 
 def configs(a):

@@ -6,7 +6,7 @@
 
 A backend lives in its own module (hvdtrain/<framework>/backend_<name>.py) and is imported only
 when chosen, so that this table, the CLI and the option checks need neither torch, TensorFlow nor
-Horovod. Its class is built as `Class(cfg, cores_per_rank)` and subclasses its framework's
+Horovod. Its class is built as `Class(cfg)` and subclasses its framework's
 interface (INTERFACES: `hvdtrain.collectives.Collectives` plus everything that framework's
 trainer calls; tests/test_backend_interfaces.py checks every row against it).
 
@@ -55,9 +55,9 @@ class Backend:
         module, cls = INTERFACES[self.framework]
         return getattr(importlib.import_module(module), cls)
 
-    def start(self, cfg, cores_per_rank: int):
+    def start(self, cfg):
         """Import the backend's module and start it (hvd.init(), init_process_group, ...)."""
-        return self.implementation()(cfg, cores_per_rank)
+        return self.implementation()(cfg)
 
 
 # What each framework's trainer asks of a backend: (module, class).
@@ -141,6 +141,6 @@ def problems(cfg) -> list[str]:
     return [r.message for r in backend.refusals if r.applies(cfg)]
 
 
-def start(cfg, cores_per_rank: int):
+def start(cfg):
     """Start the backend cfg names; cfg was checked by TrainConfig, so it exists."""
-    return get(cfg.framework, cfg.backend).start(cfg, cores_per_rank)
+    return get(cfg.framework, cfg.backend).start(cfg)

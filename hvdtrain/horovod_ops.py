@@ -60,14 +60,14 @@ def check_launcher_agrees(size: int, who: str = "Horovod", env=None) -> None:
                          f"are not one job{hint}")
 
 
-def start_horovod(hvd, cfg, on_cpu: bool, cores_per_rank: int) -> dict[str, str]:
+def start_horovod(hvd, cfg, on_cpu: bool) -> dict[str, str]:
     """hvd.init() with hvdtrain's settings exported first (a user's own export wins): the
     tuning of hvdtrain/tuning.py and the stall shutdown behind the watchdog. Checks that the
     launcher's ranks are one Horovod job; returns the settings in force."""
     from hvdtrain import tuning
     from hvdtrain.watchdog import horovod_stall_settings
 
-    # MPI yields only where the rank computes on the CPU (hvdtrain/tuning.py): not by cores_per_rank.
+    # MPI yields only where the rank computes on the CPU (hvdtrain/tuning.py).
     settings = tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cycle_time_ms=cfg.cycle_time_ms,
                                        mpi_yield=cfg.mpi_yield)
     applied = tuning.apply({**settings, **horovod_stall_settings(cfg.watchdog_seconds)})

@@ -126,7 +126,7 @@ class EpochTrainer(abc.ABC):
         self._set_threads(self.threads)
         # All ranks on this host: MPI and Gloo stay off the network (before MPI_Init; yours win).
         self.network = tuning.apply(loopback_settings(self.env))
-        self.backend: Collectives = backends.start(cfg, self.threads)  # hvd.init(), init_process_group, ...
+        self.backend: Collectives = backends.start(cfg)  # hvd.init(), init_process_group, ...
         self.cfg = cfg.with_world_size(self.backend.world_size)
         if self.cfg.num_workers is None:  # the decode workers follow the cores the job gave this rank
             self.cfg = dataclasses.replace(self.cfg, num_workers=decode_workers(self.threads))

@@ -17,11 +17,10 @@ import argparse
 import os
 
 
-def horovod_settings(mode: str, on_cpu: bool, cores_per_rank: int | None = None,
-                     cycle_time_ms: float | None = None, mpi_yield: str = "auto") -> dict[str, str]:
+def horovod_settings(mode: str, on_cpu: bool, cycle_time_ms: float | None = None,
+                     mpi_yield: str = "auto") -> dict[str, str]:
     """Environment variables to set before hvd.init(). mode: auto | off. mpi_yield auto: yield on
-    ranks that compute on the CPU, never on GPU ranks. `cores_per_rank` no longer decides (it
-    did: GPU ranks with < 4 cores yielded); its callers still pass it."""
+    ranks that compute on the CPU, never on GPU ranks, whatever their cores."""
     if mode == "off":
         return {}
     settings = {}

@@ -454,7 +454,7 @@ def test_a_rank_crashing_after_hvd_init_names_its_python_stack_then_open_mpis():
     code = ("import ctypes, horovod.torch as hvd\n"
             "from hvdtrain.config import TrainConfig\n"
             "from hvdtrain.horovod_ops import start_horovod\n"
-            "start_horovod(hvd, TrainConfig(), on_cpu=True, cores_per_rank=1)\n"
+            "start_horovod(hvd, TrainConfig(), on_cpu=True)\n"
             "def crash_here():\n"
             "    ctypes.string_at(0)\n"
             "crash_here()\n")

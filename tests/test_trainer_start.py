@@ -102,7 +102,7 @@ class Recording(EpochTrainer):
 def one_rank(monkeypatch):
     """The trainer's start without a launcher: one stand-in rank, no signal handlers installed
     in pytest's process, no environment variables exported."""
-    monkeypatch.setattr(trainer_module.backends, "start", lambda cfg, threads: OneRank())
+    monkeypatch.setattr(trainer_module.backends, "start", lambda cfg: OneRank())
     monkeypatch.setattr(trainer_module.tuning, "apply", lambda settings: {})
     monkeypatch.setattr(trainer_module, "StopRequest", lambda: SimpleNamespace(signal_name=None))
 

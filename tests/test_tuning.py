@@ -8,25 +8,24 @@ from hvdtrain.tuning import apply, horovod_settings
 
 
 def test_cpu_ranks_yield():
-    assert horovod_settings("auto", on_cpu=True, cores_per_rank=1) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert horovod_settings("auto", on_cpu=True) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def test_gpu_ranks_with_many_cores_keep_horovod_defaults():
-    assert horovod_settings("auto", on_cpu=False, cores_per_rank=10) == {}
+    assert horovod_settings("auto", on_cpu=False) == {}
 
 
 def test_gpu_ranks_never_yield():
-    # A GPU rank that yields its core while waiting adds latency to every allreduce: not even
-    # with 1 or 2 cores per rank (auto chose yield below 4 cores until issue 30).
-    for cores in (1, 2, 3, 16):
-        assert horovod_settings("auto", on_cpu=False, cores_per_rank=cores) == {}
-    assert horovod_settings("auto", on_cpu=True, cores_per_rank=64) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    # A GPU rank that yields its core while waiting adds latency to every allreduce, whatever
+    # its cores: the settings do not take them.
+    assert horovod_settings("auto", on_cpu=False) == {}
+    assert horovod_settings("auto", on_cpu=True) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
     assert horovod_settings("auto", on_cpu=False, mpi_yield="on") == {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def test_off_and_explicit_values():
-    assert horovod_settings("off", on_cpu=True, cores_per_rank=1) == {}
-    s = horovod_settings("auto", on_cpu=False, cores_per_rank=16, cycle_time_ms=2.5, mpi_yield="on")
+    assert horovod_settings("off", on_cpu=True) == {}
+    s = horovod_settings("auto", on_cpu=False, cycle_time_ms=2.5, mpi_yield="on")
     assert s == {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "2.5"}
 
 

@@ -116,7 +116,7 @@ class HorovodStrategy(ParallelStrategy):
         torch.set_num_threads(threads)
         if fusion_threshold_mb is not None:  # asked for by name: wins over an export
             os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
-        self.backend = HorovodBackend(cfg, threads)  # hvd.init() and hvdtrain's checks
+        self.backend = HorovodBackend(cfg)  # hvd.init() and hvdtrain's checks
         self.hvd = self.backend.hvd
         # Lightning prints on rank 0 only from here on (its own guess reads RANK or SLURM_PROCID).
         rank_zero_only.rank = fabric_rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank

@@ -22,9 +22,9 @@ class HorovodBackend(TFBackend):
     # gradient_scale, scope and run: the defaults. The loss of a rank's batch is used as is
     # (Horovod averages the gradients), and a step needs no strategy around it.
 
-    def __init__(self, cfg, cores_per_rank: int):
+    def __init__(self, cfg):
         self.hvd = hvd = import_horovod("horovod.tensorflow")
-        self.tuning = start_horovod(hvd, cfg, not tf.config.list_physical_devices("GPU"), cores_per_rank)
+        self.tuning = start_horovod(hvd, cfg, not tf.config.list_physical_devices("GPU"))
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
         self.device = pin_gpu(self.local_rank, self.local_world_size)

@@ -50,7 +50,7 @@ def collective_implementation(on_gpu: bool) -> str:
 class MWMSBackend(TFBackend):
     name = "mwms"
 
-    def __init__(self, cfg, cores_per_rank: int):
+    def __init__(self, cfg):
         env = ClusterEnv.from_environ()
         self.rank, self.local_rank = env.rank, env.local_rank
         self.world_size, self.local_world_size = env.world_size, env.local_world_size

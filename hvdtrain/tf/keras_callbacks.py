@@ -101,7 +101,7 @@ def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_s
 
         set_threads(threads)  # before TensorFlow's first op
         tuning.apply(loopback_settings(env))  # all ranks on this host: MPI stays off the network
-        backend = HorovodBackend(cfg, threads)  # hvd.init(), this rank's GPU
+        backend = HorovodBackend(cfg)  # hvd.init(), this rank's GPU
     if seed is not None:
         keras.utils.set_random_seed(seed)  # the same initial weights on every rank
     _job = job_class(keras, backend, cfg.with_world_size(backend.world_size), env.job_id)

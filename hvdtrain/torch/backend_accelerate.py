@@ -30,7 +30,7 @@ class AccelerateBackend(TorchDistributedBackend):
     # a batch or two early (seen: 19 validation samples counted of 20).
     loaders_read_ahead = False
 
-    def __init__(self, cfg, cores_per_rank: int):
+    def __init__(self, cfg):
         accelerate = import_optional("accelerate", "accelerate", "Hugging Face Accelerate")
         # Started before Accelerate, which adopts a started group (its PartialState), as
         # Lightning does: the rendezvous is then hvdtrain's (loopback on one host, no port race).

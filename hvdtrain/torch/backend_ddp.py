@@ -12,7 +12,7 @@ from hvdtrain.torch.torch_distributed import TorchDistributedBackend
 class DDPBackend(TorchDistributedBackend):
     name = "ddp"
 
-    def __init__(self, cfg, cores_per_rank: int):
+    def __init__(self, cfg):
         self._start_process_group()
 
     def wrap_model(self, model, device):

@@ -22,13 +22,13 @@ from hvdtrain.torch.horovod_layout import ContiguousCompression, broadcast_tenso
 class HorovodBackend(TorchBackend):
     name = "horovod"
 
-    def __init__(self, cfg, cores_per_rank: int):
+    def __init__(self, cfg):
         self.hvd = hvd = import_horovod("horovod.torch")
         problem = gpu_ops_problem(torch.cuda.device_count() if torch.cuda.is_available() else 0,
                                   hvd.cuda_built(), hvd.nccl_built(), getattr(hvd, "__version__", ""))
         if problem:
             raise UsageError(problem)
-        self.tuning = start_horovod(hvd, cfg, not torch.cuda.is_available(), cores_per_rank)
+        self.tuning = start_horovod(hvd, cfg, not torch.cuda.is_available())
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_world_size = hvd.size(), hvd.local_size()
         # Ranks sharing a GPU (HVDTRAIN_SHARE_GPU=1, a test mode): Horovod's NCCL ops need an NCCL

@@ -42,7 +42,7 @@ class LightningBackend(TorchDistributedBackend):
     name = "lightning"
     owns_loop = True  # Lightning's Trainer.fit runs the epochs (fit below)
 
-    def __init__(self, cfg, cores_per_rank: int):
+    def __init__(self, cfg):
         self.pl = import_optional("lightning.pytorch", "lightning", "PyTorch Lightning")
         from lightning.fabric.utilities.exceptions import MisconfigurationException
         from lightning.pytorch.strategies import DDPStrategy

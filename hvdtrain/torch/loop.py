@@ -56,7 +56,7 @@ def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int 
     torch.set_num_threads(threads)
     watchdog = Watchdog(watchdog_seconds, PROG, env.rank, env.world_size)
     tuning.apply(loopback_settings(env))  # all ranks on this host: MPI stays off the network
-    backend = HorovodBackend(cfg, threads)
+    backend = HorovodBackend(cfg)
     device = rank_device(backend.local_rank, backend.local_world_size)  # refuses ranks sharing a GPU
     if device.type == "cuda":
         torch.cuda.set_device(device)
