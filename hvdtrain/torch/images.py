@@ -4,16 +4,18 @@ The stages, each swappable and measured alone (benchmarks/data_pipeline.py):
 - decode: `decode()`, the one place that chooses the decoder (`_decoder`): TorchCodec's or
   torchvision's `decode_image` (libjpeg-turbo for JPEGs, libpng, libwebp) straight to a uint8 CHW
   tensor, with no PIL image object in between; measured per core against PIL in docs/data.md.
-- augment: `train_augment` / `val_augment`, torchvision's v2 transforms on uint8 tensors
-  (RandomResizedCrop + flip; resize + centre crop), drawn from torch's RNG, which
-  `data.SeededSamples` seeds per (seed, epoch, sample): a resume augments as an uninterrupted run.
-- normalise: `to_model_input`, on the device, after the copy: a uint8 batch is a quarter of the
-  bytes of a float32 one through the workers' shared memory, the pinned buffer and the bus.
+- augment: `train_augment` (TrainCrop: the window and flip of hvdtrain/augment.py's one rule, a
+  function of (seed, epoch, sample), then torchvision's resized crop on the uint8 tensor) and
+  `val_augment` (resize, centre crop): a resume augments as an uninterrupted run.
+- normalise: `to_model_input`, on the device, after the copy (a uint8 batch is a quarter of the
+  bytes of a float32 one through the workers' shared memory, the pinned buffer and the bus); or,
+  where the CPU trains, in the decode workers (NormalizedBatches).
 
-Datasets here give (uint8 CHW tensor, label) and say how their inputs are normalised by their
-`input_normalization` attribute ((mean, std) in [0, 1] units), which the trainer reads.
+Datasets here (`image_folder`, `ShardImages`) give (uint8 CHW tensor, label) and say how their
+inputs are normalised by their `input_normalization` attribute ((mean, std) in [0, 1] units),
+which the trainer reads.
 
-    train = ImageFolderUint8(f"{root}/train", train_augment(224))
+    train = image_folder(f"{root}/train", train_augment(224))
     x = to_model_input(x_uint8.to(device, non_blocking=True), train.input_normalization)
 """
 from __future__ import annotations

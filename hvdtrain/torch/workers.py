@@ -8,8 +8,9 @@ Why not the default `fork`: a rank runs threads (Horovod's background loop, Gloo
 watchdog, the progress bar, TensorBoard's writer), and a fork copies whatever lock one of them
 holds at that instant; the child can then hang inside `os.fork` itself (seen: a worker stuck in
 `PyOS_AfterFork_Child`, its rank waiting for it, the other rank in a collective, until the
-watchdog ended the job). Workers are created anew at every epoch and validation pass, so a long
-run meets that instant sooner or later. Here workers are forked by a *forkserver*: a fresh
+watchdog ended the job). Workers are kept across epochs, but made again whenever a loader is
+(another batch size, a resize, a user's loop), so a long run meets that instant sooner or later.
+Here workers are forked by a *forkserver*: a fresh
 process the rank starts once (fork+exec: no Python runs between the two), single-threaded, with
 torch and the data code already imported, so a worker still starts in milliseconds.
 
