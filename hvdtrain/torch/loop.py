@@ -30,8 +30,8 @@ from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
-from hvdtrain.torch import data, images
-from hvdtrain.torch.devices import copy_to_host, rank_device
+from hvdtrain.torch import checkpoint_file, data, images
+from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
@@ -235,11 +235,7 @@ class Run:
         at = self.position.next_epoch() if done else self.position
 
         def capture():  # the state copied to host memory now: the next steps may change it
-            state = copy_to_host({"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(),
-                                  "optimizer": optimizer.state_dict(), "batching": self.batching,
-                                  **at.to_checkpoint()})
-            path = os.path.join(checkpoint_dir, ckpt.checkpoint_name(at.global_step, at.epoch, "pt"))
-            return path, lambda f: torch.save(state, f), True
+            return checkpoint_file.capture(checkpoint_dir, at, model, optimizer, batching=self.batching)
 
         error = self.writer.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
         error = self.backend.broadcast_object(error, "loop_checkpoint_written")

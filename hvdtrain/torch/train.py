@@ -11,7 +11,6 @@ backend (Horovod; DDP, Accelerate or Lightning for comparison) is started once, 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import warnings
 
@@ -25,13 +24,13 @@ from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.runtime import feeder_thread_pays, rank_cores
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import dali, data, device_settings, images, internals
+from hvdtrain.torch import checkpoint_file, dali, data, device_settings, images, internals
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
 from hvdtrain.torch.workload import TorchWorkload, from_config
 from hvdtrain.torch.phases import CudaPhaseClock
-from hvdtrain.torch.devices import copy_to_host, rank_device
+from hvdtrain.torch.devices import rank_device
 
 PROG = "hvdtrain.torch"
 
@@ -317,20 +316,12 @@ class Trainer(EpochTrainer):
 
     # ------------------------------------------------------------------ checkpoints and results
     def _checkpoint_file(self):
-        state = copy_to_host({
-            "format_version": ckpt.FORMAT_VERSION,
-            "config": self._checkpoint_config(),
-            "model": self.raw_model.state_dict(),        # unwrapped: no "module." prefix
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            **self.position.to_checkpoint(),  # epoch, step_in_epoch, global_step, history
-            "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
-        })
         at = self.position
-        path = os.path.join(self.cfg.checkpoint_dir, ckpt.checkpoint_name(
-            at.global_step, at.epoch, "pt", samples_in_epoch=at.step_in_epoch * self.cfg.global_batch_size))
-        return path, lambda f: torch.save(state, f), True
+        return checkpoint_file.capture(  # the model unwrapped: no "module." prefix
+            self.cfg.checkpoint_dir, at, self.raw_model, self.optimizer,
+            samples_in_epoch=at.step_in_epoch * self.cfg.global_batch_size, config=self._checkpoint_config(),
+            scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict() if self.scaler else None,
+            rng={"torch": torch.get_rng_state(), "python": list(random.getstate()[1])})
 
 
 def prepared(cfg: TrainConfig, workload: TorchWorkload) -> TrainConfig:
