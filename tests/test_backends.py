@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from hvdtrain import backends, compare, compare_report
+from hvdtrain import backends
+from hvdtrain.compare import cli as compare, report as compare_report
 from hvdtrain.config import TrainConfig, build_parser
 from hvdtrain.errors import UsageError
 

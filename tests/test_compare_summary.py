@@ -3,7 +3,7 @@ rate, scaling efficiency E(N) = img/s per rank at N / img/s per rank at the smal
 failed runs left out, parity checks."""
 import pytest
 
-from hvdtrain.compare_report import parity, reading, summarize, write_markdown, write_plot
+from hvdtrain.compare.report import parity, reading, summarize, write_markdown, write_plot
 
 
 def run(backend, np, rate, acc=0.97, checksums=None, losses=(2.3, 2.0, 1.7), per_rank=None):

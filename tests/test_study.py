@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from hvdtrain import study
-from hvdtrain.compare_report import summarize, time_to_accuracy
+from hvdtrain.compare import study
+from hvdtrain.compare.report import summarize, time_to_accuracy
 from hvdtrain.errors import UsageError
-from hvdtrain.workloads import custom_workload, get_workload
+from hvdtrain.compare.workloads import custom_workload, get_workload
 
 JOBS = ["--cpu-only", "--cpus-per-task", "1", "--tasks-per-node", "2", "--time", "10", "--signal-lead", "60"]
 
@@ -91,7 +91,7 @@ def _result(rate: float, ranks: int) -> dict:
 
 
 def test_a_collection_needs_only_the_result_files(tmp_path):
-    from hvdtrain.compare import BACKENDS
+    from hvdtrain.compare.cli import BACKENDS
 
     digits = get_workload("digits-cnn")
     plan = study.plan(_args(tmp_path), {"horovod-torch": BACKENDS["horovod-torch"]}, digits, [1, 2], JOBS)

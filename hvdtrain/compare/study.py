@@ -1,6 +1,6 @@
 """A scaling study on Slurm, driven by `python -m hvdtrain.compare --nodes ...`: one sbatch job per
 (backend, node count, repeat), written by hvdtrain.slurm, submitted with sbatch, and collected from
-the jobs' own result files into compare's report (hvdtrain/compare_report.py).
+the jobs' own result files into compare's report (hvdtrain/compare/report.py).
 
     python -m hvdtrain.compare --nodes 1,2,4,8 --backends horovod-torch,ddp --workload resnet50-synthetic \\
         --out $SCRATCH/study-r50 -- --preset jean-zay --account xyz@v100 --time 30 \\
@@ -30,7 +30,7 @@ import sys
 import time
 
 from hvdtrain import slurm
-from hvdtrain.compare_report import parity, rate_unit, record_from_result, summarize, write_markdown, write_plot
+from hvdtrain.compare.report import parity, rate_unit, record_from_result, summarize, write_markdown, write_plot
 from hvdtrain.errors import UsageError
 from hvdtrain.results import environment_fingerprint, write_json
 

@@ -6,7 +6,7 @@ MultiWorkerMirroredStrategy), measured fairly, with a report.
     python -m hvdtrain.compare --workload resnet18-synthetic --np 1,2 --repeats 3 --out runs/r18
     # inside an sbatch allocation the ranks are started with srun, else with mpirun
 
-Fairness: one workload definition (hvdtrain/workloads.py) for every backend; threads per rank
+Fairness: one workload definition (hvdtrain/compare/workloads.py) for every backend; threads per rank
 fixed and recorded; warm-up steps excluded; every rank timed between barriers; backends
 alternated within each repeat (A B C D A B C D ...) and the median over repeats reported.
 Writes compare.json (every measurement + environment), compare.md (the table) and compare.png.
@@ -22,13 +22,14 @@ import subprocess
 import sys
 import time
 
-from hvdtrain import backends, study
+from hvdtrain import backends
+from hvdtrain.compare import study
 from hvdtrain.errors import UsageError, report_and_exit
-from hvdtrain.compare_report import (fmt, parity, rate_unit, record_from_result, summarize, write_markdown,
+from hvdtrain.compare.report import (fmt, parity, rate_unit, record_from_result, summarize, write_markdown,
                                      write_plot)
 from hvdtrain.launch import launch_command, launch_env
 from hvdtrain.results import environment_fingerprint, library_versions, write_json
-from hvdtrain.workloads import WORKLOADS, custom_workload, get_workload
+from hvdtrain.compare.workloads import WORKLOADS, custom_workload, get_workload
 
 # Every backend of hvdtrain/backends.py, by its report label (horovod-torch, ddp, lightning,
 # accelerate, horovod-tf, tf-mwms).

@@ -4,7 +4,7 @@ A workload fixes the architecture, the data and its order (seed), the per-rank b
 schedule and the number of steps; `trainer_args()` turns it into the options that both
 `hvdtrain.torch` and `hvdtrain.tf` accept, so no backend can drift from it.
 
-    python -c "from hvdtrain.workloads import WORKLOADS; print(*WORKLOADS, sep='\\n')"
+    python -c "from hvdtrain.compare.workloads import WORKLOADS; print(*WORKLOADS, sep='\\n')"
 """
 from __future__ import annotations
 

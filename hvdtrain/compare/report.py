@@ -3,7 +3,7 @@ result files to a summary per backend and size, the parity checks, compare.md an
 
 Every figure comes from a result file (`record_from_result`), so a report can be written again
 from the files alone: the local comparison writes it as its runs end, a Slurm study when its jobs
-are collected (hvdtrain/study.py).
+are collected (hvdtrain/compare/study.py).
 """
 from __future__ import annotations
 

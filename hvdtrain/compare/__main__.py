@@ -1,0 +1,3 @@
+from hvdtrain.compare.cli import main
+
+main()
