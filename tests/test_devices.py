@@ -86,7 +86,8 @@ def test_node_gpus_and_binding_evidence():
 def test_the_doctor_decides_as_the_trainer():
     """The doctor's device is gpu_for_rank's: GPU 0 under per-task binding, where cuda:local_rank
     does not exist ("invalid device ordinal"); a refusal is the trainer's own message, once per host."""
-    from hvdtrain.doctor import _cross_checks, rank_gpu
+    from hvdtrain.doctor.cli import _cross_checks
+    from hvdtrain.doctor.gpus import rank_gpu
 
     environ, visible = BINDINGS["gpus-per-task=1"]
     assert rank_gpu(3, 4, visible, environ) == (0, None)

@@ -159,7 +159,7 @@ def test_a_slow_rank_is_named_and_fails_the_verdict():
 
 # ------------------------------------------------------------------------------ pure logic (fast)
 def test_a_rank_below_the_threshold_is_named_with_its_host_and_fraction():
-    from hvdtrain.doctor import rank_spread
+    from hvdtrain.doctor.health import rank_spread
 
     problems, summary = rank_spread([(0, "node1", 3.7), (1, "node2", 1.9), (2, "node1", 3.8)],
                                     "compute", "GFLOP/s", 0.25)
@@ -172,7 +172,7 @@ def test_a_rank_below_the_threshold_is_named_with_its_host_and_fraction():
 
 
 def test_even_ranks_give_one_line_with_min_median_max():
-    from hvdtrain.doctor import rank_spread
+    from hvdtrain.doctor.health import rank_spread
 
     problems, summary = rank_spread([(0, "n1", 3.7), (1, "n1", 3.5), (2, "n2", 3.9)], "compute", "GFLOP/s", 0.25)
     assert problems == []
@@ -181,7 +181,7 @@ def test_even_ranks_give_one_line_with_min_median_max():
 
 
 def test_the_threshold_is_more_than_the_fraction_below_the_median():
-    from hvdtrain.doctor import rank_spread
+    from hvdtrain.doctor.health import rank_spread
 
     exactly = [(0, "a", 4.0), (1, "a", 4.0), (2, "b", 3.0)]       # rank 2 exactly 25 % below
     assert rank_spread(exactly, "compute", "GFLOP/s", 0.25)[0] == []
@@ -192,7 +192,7 @@ def test_the_threshold_is_more_than_the_fraction_below_the_median():
 
 
 def test_one_rank_has_nothing_to_compare_with():
-    from hvdtrain.doctor import rank_spread
+    from hvdtrain.doctor.health import rank_spread
 
     assert rank_spread([(0, "n1", 41.23)], "compute", "GFLOP/s", 0.25) == (
         [], "compute: 41.2 GFLOP/s on the only rank (nothing to compare it with)")
@@ -200,7 +200,7 @@ def test_one_rank_has_nothing_to_compare_with():
 
 
 def test_a_zero_figure_is_a_problem():
-    from hvdtrain.doctor import rank_spread
+    from hvdtrain.doctor.health import rank_spread
 
     [zero] = rank_spread([(0, "a", 5.0), (1, "b", 0.0)], "compute", "GFLOP/s", 0.25)[0]
     assert zero.startswith("rank 1 (host b): compute 0.000 GFLOP/s, 100 % below the median"), zero
@@ -219,7 +219,8 @@ def _report(rank, host, gflops, h2d=None):
 
 
 def test_a_slow_rank_is_a_problem_for_the_verdict():
-    from hvdtrain.doctor import _cross_checks, health_findings
+    from hvdtrain.doctor.cli import _cross_checks
+    from hvdtrain.doctor.health import health_findings
 
     even = [_report(0, "n1", 40.0), _report(1, "n2", 38.0)]
     assert _cross_checks(even, 0.25) == []
@@ -236,7 +237,7 @@ def test_a_slow_rank_is_a_problem_for_the_verdict():
 
 
 def test_slow_fraction_option():
-    from hvdtrain.doctor import build_parser
+    from hvdtrain.doctor.cli import build_parser
 
     assert build_parser().parse_args([]).slow_fraction == 0.25
     assert build_parser().parse_args(["--slow-fraction", "0.1"]).slow_fraction == 0.1
@@ -246,7 +247,7 @@ def test_slow_fraction_option():
 
 
 def test_slowdown_is_read_from_its_test_only_variable():
-    from hvdtrain.doctor import slowdown_factor
+    from hvdtrain.test_hooks import doctor_slowdown as slowdown_factor
 
     assert slowdown_factor({}) == 1
     assert slowdown_factor({"HVDTRAIN_DOCTOR_SLOWDOWN": "8"}) == 8
@@ -255,7 +256,7 @@ def test_slowdown_is_read_from_its_test_only_variable():
 
 
 def test_median_of_a_few_timed_repetitions_after_a_warm_up():
-    from hvdtrain import doctor
+    from hvdtrain.doctor import health as doctor
 
     calls = []
     seconds, reps = doctor.median_seconds(lambda: calls.append(1))
@@ -269,7 +270,7 @@ def test_cpu_kernels_are_quick_and_give_positive_figures():
 
     import torch
 
-    from hvdtrain.doctor import numpy_health, torch_health
+    from hvdtrain.doctor.health import numpy_health, torch_health
 
     threads = torch.get_num_threads()
     started = time.monotonic()
@@ -285,7 +286,7 @@ def test_cpu_kernels_are_quick_and_give_positive_figures():
 
 
 def test_the_mpi_comparison_is_skipped_with_its_reason():
-    from hvdtrain.doctor import mpi4py_for_comparison
+    from hvdtrain.doctor.collectives import mpi4py_for_comparison
 
     class Horovod:
         def __init__(self, built, enabled):
@@ -298,7 +299,7 @@ def test_the_mpi_comparison_is_skipped_with_its_reason():
 
 
 def test_scheduler_gpus_from_the_environment():
-    from hvdtrain.doctor import scheduler_gpus
+    from hvdtrain.doctor.gpus import scheduler_gpus
 
     assert scheduler_gpus({}) is None
     assert scheduler_gpus({"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0"}) == 4
@@ -308,7 +309,7 @@ def test_scheduler_gpus_from_the_environment():
 
 
 def test_gpu_problems():
-    from hvdtrain.doctor import gpu_problems
+    from hvdtrain.doctor.gpus import gpu_problems
 
     assert gpu_problems("n1", 4, 4) == []
     assert gpu_problems("n1", 0, None) == []             # a CPU run
@@ -321,7 +322,7 @@ def test_gpu_problems():
 
 
 def test_bus_bandwidth_is_nccl_tests_definition():
-    from hvdtrain.doctor import bus_bandwidth
+    from hvdtrain.doctor.collectives import bus_bandwidth
 
     # 1 GB in 1 s: algbw 1 GB/s; busbw x 2(n-1)/n: 1 at 2 ranks, 1.5 at 4, 1.75 at 8.
     assert bus_bandwidth(10**9, 1.0, 2) == (1.0, 1.0)
@@ -344,7 +345,7 @@ def test_gpu_node_with_a_horovod_built_without_gpu_ops():
 
 
 def test_srun_needs_of_each_mpi():
-    from hvdtrain.doctor import srun_mpi_hint
+    from hvdtrain.doctor.gpus import srun_mpi_hint
 
     assert "--mpi=pmix" in srun_mpi_hint("Open MPI v5.0.11, package: Open MPI ... Distribution")
     assert "Open MPI 5" in srun_mpi_hint("Open MPI v5.0.11")
@@ -354,7 +355,7 @@ def test_srun_needs_of_each_mpi():
 def test_one_rank_that_cannot_compare_skips_it_on_every_rank():
     """A rank whose mpi4py does not import: every rank skips the MPI timing (one rank alone in
     MPI_Barrier would hang), and the line names the rank that could not."""
-    from hvdtrain.doctor import _mpi_comparison
+    from hvdtrain.doctor.cli import _mpi_comparison
 
     class Gloo:
         mpi_built = staticmethod(lambda: True)
@@ -389,7 +390,8 @@ class _TwoRanks:
 
 
 def test_a_rank_is_named_only_if_slow_in_every_round():
-    from hvdtrain.doctor import _measure_health, health_findings
+    from hvdtrain.doctor.cli import _measure_health
+    from hvdtrain.doctor.health import health_findings
 
     even = _TwoRanks(mine=[40.0], peer=[41.0])               # even at once: one round
     assert _measure_health(even, 1, [], 0.25) == {"kernel": "k", "gflops": 40.0, "h2d_gbps": None, "slowdown": 1}
@@ -408,7 +410,7 @@ def test_a_rank_is_named_only_if_slow_in_every_round():
 
 
 def test_best_figures_keep_the_highest_of_each():
-    from hvdtrain.doctor import best_figures
+    from hvdtrain.doctor.health import best_figures
 
     first = {"kernel": "k", "gflops": 5.0, "h2d_gbps": 20.0, "slowdown": 1}
     assert best_figures(None, first) == first

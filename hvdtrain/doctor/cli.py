@@ -32,21 +32,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata as md
-import math
 import os
 import platform
 import socket
-import statistics
 import sys
 import threading
 import time
 
-from hvdtrain.cluster import ClusterEnv, gpu_for_rank, shared_gpu_nccl_problem
-from hvdtrain.errors import UsageError
+from hvdtrain.cluster import ClusterEnv, shared_gpu_nccl_problem
 from hvdtrain.horovod_ops import gpu_ops_problem
 from hvdtrain.runtime import threads_per_rank
-from hvdtrain import checkpoint, netsockets, tuning
+from hvdtrain import checkpoint, netsockets, test_hooks, tuning
 from hvdtrain.report import say
+from hvdtrain.doctor.collectives import (TFOps, TorchOps, _mpi_library, _one_line, bus_bandwidth,
+                                         mpi4py_for_comparison, time_mpi_allreduce)
+from hvdtrain.doctor.gpus import _visible_gpus, gpu_problems, rank_gpu, scheduler_gpus, srun_mpi_hint
+from hvdtrain.doctor.health import HEALTH_FIGURES, HEALTH_ROUNDS, _fmt_rate, best_figures, health_findings
 
 PROG = "hvdtrain.doctor"
 # Variables mpirun sets for its own bookkeeping: not settings anyone chose.
@@ -112,398 +113,6 @@ def _imports(module: str):
         return importlib.import_module(module), None
     except Exception as err:  # noqa: BLE001 - the reason is the report
         return None, _one_line(err)
-
-
-def _one_line(err: Exception) -> str:
-    """An exception as its type and the first line of its message."""
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-
-
-def scheduler_gpus(environ=None) -> int | None:
-    """GPUs the scheduler gave this node, from the environment: SLURM_GPUS_ON_NODE, else
-    CUDA_VISIBLE_DEVICES when it lists devices; None when nothing says."""
-    e = os.environ if environ is None else environ
-    if e.get("SLURM_GPUS_ON_NODE", "").isdigit():
-        return int(e["SLURM_GPUS_ON_NODE"])
-    visible = e.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        devices = [d for d in visible.split(",") if d.strip() and d.strip() != "NoDevFiles"]
-        return len(devices) if not any(d.strip().startswith("-") for d in devices) else 0
-    return None
-
-
-def gpu_problems(host: str, framework_gpus: int, sched_gpus: int | None, refusals=()) -> list[str]:
-    """What is wrong with the GPUs of one host: GPUs the framework does not see, and the ranks'
-    refusals of their device (`rank_gpu`: the trainer's decision, which refuses ranks sharing a
-    GPU), each said once for the host."""
-    problems = []
-    if sched_gpus and framework_gpus == 0:
-        problems.append(f"{host}: the job was given {sched_gpus} GPU(s) but the framework sees none "
-                        "(a CPU build of torch/TF, or no driver on this node)")
-    problems += [f"{host}: {refusal}" for refusal in sorted(set(filter(None, refusals)))]
-    return problems
-
-
-def rank_gpu(local_rank: int, local_size: int, visible: int, environ=None) -> tuple[int | None, str | None]:
-    """(the GPU index this rank trains on, None for the CPU; None, or why it would refuse to
-    train): hvdtrain.cluster.gpu_for_rank, which the trainers call, so that the doctor checks
-    the device the trainer will use (under per-task binding each task's own GPU 0, not
-    cuda:local_rank, which does not exist there) and names the refusal the trainer would make.
-    Where the framework sees no GPU but the scheduler gave some (reported apart, by
-    gpu_problems), the refusal is the one the trainer would make once it sees them."""
-    try:
-        gpu = gpu_for_rank(local_rank, local_size, visible, environ)
-        if visible == 0 and scheduler_gpus(environ):
-            gpu_for_rank(local_rank, local_size, scheduler_gpus(environ), environ)
-        return gpu, None
-    except UsageError as err:
-        return None, str(err)
-
-
-def srun_mpi_hint(mpi_library: str) -> str | None:
-    """What `srun` needs for this MPI to join its tasks into one job (Slurm's --mpi plugin), or
-    None when the library is not one whose need is known. Open MPI 5 (PyPI's wheel among them)
-    has no PMI-2 support left: PMIx only."""
-    if mpi_library.startswith("Open MPI v5"):
-        return "Open MPI 5 under srun needs --mpi=pmix (srun --mpi=list shows what this Slurm has)"
-    if mpi_library.startswith("Open MPI"):
-        return "Open MPI under srun needs --mpi=pmix (or pmi2 where it was built with it)"
-    if mpi_library.startswith(("MPICH", "Intel")):
-        return "MPICH under srun needs --mpi=pmi2 (or pmix where it was built with it)"
-    return None
-
-
-def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s for an allreduce, as nccl-tests define them: busbw = algbw x 2(n-1)/n,
-    the traffic each link carries, comparable across rank counts."""
-    algbw = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
-    return algbw, algbw * (2 * (world_size - 1) / world_size if world_size > 1 else 1.0)
-
-
-# ------------------------------------------------------------------------- per-rank health check
-# The kernel is sized to be timed well (milliseconds per repetition) yet cheap: 2 x 512^3 =
-# 0.27 GFLOP takes ~3 ms on one core of a current x86 server (~100 GFLOP/s) and still only 0.27 s at
-# 1 GFLOP/s, where the warm-up and MIN_REPS make ~1.1 s: well under 2 s per rank on any CPU.
-# 2 x 4096^3 = 137 GFLOP keeps a GPU busy for milliseconds, long past its launch latency.
-CPU_MATMUL_N = 512
-GPU_MATMUL_N = 4096
-H2D_BYTES = 64 * 2**20       # pinned host memory to the GPU: what a data loader's batches cross
-MIN_REPS, MAX_REPS, REPS_BUDGET_S = 3, 15, 0.5
-HEALTH_ROUNDS = 3            # measured again, on every rank, while some rank looks slow (see _measure_health)
-# Test only: HVDTRAIN_DOCTOR_SLOWDOWN=<N> on one rank makes its kernel do N times the work it
-# reports, so that the tests can slow one rank down for real (tests/test_doctor.py). Never set it
-# in a job: the rank it is set on is reported N times slower than it is.
-SLOWDOWN_VAR = "HVDTRAIN_DOCTOR_SLOWDOWN"
-
-
-def slowdown_factor(environ=None) -> int:
-    """The test-only work multiplier from HVDTRAIN_DOCTOR_SLOWDOWN: 1 unless it is a whole number > 1."""
-    text = (os.environ if environ is None else environ).get(SLOWDOWN_VAR, "")
-    return int(text) if text.strip().isdigit() and int(text) > 1 else 1
-
-
-def median_seconds(once, sync=lambda: None) -> tuple[float, int]:
-    """(median seconds of `once()` followed by `sync()`, repetitions timed). One untimed run first
-    (allocations, BLAS/cuBLAS set-up); then MIN_REPS to MAX_REPS runs, fewer once REPS_BUDGET_S is
-    spent. The median, not the mean: one repetition preempted by a daemon must not make a rank slow."""
-    once()
-    sync()
-    times: list[float] = []
-    started = time.perf_counter()
-    while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - started < REPS_BUDGET_S):
-        t0 = time.perf_counter()
-        once()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), len(times)
-
-
-def matmul_gflops(n: int, seconds: float) -> float:
-    """GFLOP/s of one n x n by n x n product (2 n^3 floating-point operations)."""
-    return 2 * n**3 / seconds / 1e9 if seconds > 0 else 0.0
-
-
-def torch_health(torch, device, threads: int, slowdown: int = 1) -> dict:
-    """This rank's compute figure (and, on a GPU, its host-to-GPU copy bandwidth) with torch, on
-    `device` (on a CPU with this rank's compute threads, as training would use them)."""
-    on_gpu = device.type == "cuda"
-    n = GPU_MATMUL_N if on_gpu else CPU_MATMUL_N
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    threads_before = torch.get_num_threads()
-    if not on_gpu:
-        torch.set_num_threads(threads)
-    try:
-        a, b = torch.rand(n, n, device=device), torch.rand(n, n, device=device)
-        c = torch.empty(n, n, device=device)
-
-        def product():
-            for _ in range(slowdown):
-                torch.mm(a, b, out=c)
-
-        seconds, reps = median_seconds(product, sync)
-    finally:
-        torch.set_num_threads(threads_before)
-    where = f"GPU {device.index} ({torch.cuda.get_device_name(device)})" if on_gpu else f"CPU, {threads} thread(s)"
-    figures = {"kernel": f"torch matmul {n}x{n} float32 on {where}, median of {reps}",
-               "gflops": matmul_gflops(n, seconds), "h2d_gbps": None, "slowdown": slowdown}
-    if on_gpu:
-        host = torch.empty(H2D_BYTES // 4, dtype=torch.float32, pin_memory=True)
-        dev = torch.empty(H2D_BYTES // 4, dtype=torch.float32, device=device)
-        copy_seconds, _ = median_seconds(lambda: dev.copy_(host, non_blocking=True), sync)
-        figures["h2d_gbps"] = H2D_BYTES / copy_seconds / 1e9 if copy_seconds > 0 else 0.0
-    return figures
-
-
-def numpy_health(slowdown: int = 1) -> dict:
-    """This rank's compute figure with numpy on its CPU (TensorFlow's checks, which never import
-    torch). numpy's BLAS picks its own thread count, which the doctor cannot set once it is loaded."""
-    import numpy as np
-
-    n = CPU_MATMUL_N
-    rng = np.random.default_rng(0)
-    a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
-    c = np.empty((n, n), dtype=np.float32)
-
-    def product():
-        for _ in range(slowdown):
-            np.matmul(a, b, out=c)
-
-    seconds, reps = median_seconds(product)
-    return {"kernel": f"numpy matmul {n}x{n} float32 on CPU (numpy's BLAS threads), median of {reps}",
-            "gflops": matmul_gflops(n, seconds), "h2d_gbps": None, "slowdown": slowdown}
-
-
-def tf_gpu_health(tf, gpu: int, slowdown: int = 1) -> dict:
-    """This rank's compute figure with TensorFlow on its GPU (TF's checks with GPUs)."""
-    n = GPU_MATMUL_N
-    with tf.device(f"/GPU:{gpu}"):
-        a, b = tf.random.uniform((n, n)), tf.random.uniform((n, n))
-
-    def product():
-        with tf.device(f"/GPU:{gpu}"):
-            for _ in range(slowdown):
-                c = tf.linalg.matmul(a, b)
-        c[0, 0].numpy()  # eager GPU ops run asynchronously: reading one value waits for them
-
-    seconds, reps = median_seconds(product)
-    return {"kernel": f"tf matmul {n}x{n} float32 on GPU {gpu} (TF32 where TensorFlow uses it), median of {reps}",
-            "gflops": matmul_gflops(n, seconds), "h2d_gbps": None, "slowdown": slowdown}
-
-
-def _fmt_rate(value: float) -> str:
-    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.3f}"
-
-
-# The figures the health check compares across ranks: key in a rank's figures, name, unit.
-HEALTH_FIGURES = (("gflops", "compute", "GFLOP/s"), ("h2d_gbps", "host-to-GPU copy", "GB/s"))
-
-
-def rank_spread(figures: list[tuple[int, str, float]], what: str, unit: str,
-                slow_fraction: float) -> tuple[list[str], str | None]:
-    """(problems, summary) for one figure measured on every rank, as (rank, host, value): a problem
-    for each rank more than `slow_fraction` below the median of all the ranks, naming its rank and
-    host, or whose figure is not positive (its kernel did not really run); the summary line says
-    that the ranks are even (min/median/max) when no rank is a problem, None otherwise."""
-    if not figures:
-        return [], None
-    median = statistics.median(value for _, _, value in figures)
-    problems = []
-    for rank, host, value in sorted(figures):
-        if median > 0 and value < (1 - slow_fraction) * median:
-            problems.append(f"rank {rank} (host {host}): {what} {_fmt_rate(value)} {unit}, "
-                            f"{(1 - value / median) * 100:.0f} % below the median of the ranks "
-                            f"({_fmt_rate(median)} {unit}): a synchronous job runs at the speed of its slowest rank")
-        elif not (value > 0) or math.isinf(value):
-            problems.append(f"rank {rank} (host {host}): {what} measured {value} {unit}: "
-                            "the check did not run properly")
-    if problems:
-        return problems, None
-    values = [value for _, _, value in figures]
-    if len(values) == 1:
-        return [], f"{what}: {_fmt_rate(values[0])} {unit} on the only rank (nothing to compare it with)"
-    return [], (f"{what}: the {len(values)} ranks are even (none more than {slow_fraction * 100:.0f} % below the "
-                f"median): min {_fmt_rate(min(values))}, median {_fmt_rate(median)}, "
-                f"max {_fmt_rate(max(values))} {unit}")
-
-
-def best_figures(best: dict | None, figures: dict) -> dict:
-    """A rank's figures over its rounds: the highest of each (the least disturbed round)."""
-    if best is None:
-        return dict(figures)
-    merged = dict(best)
-    for key, _, _ in HEALTH_FIGURES:
-        values = [v for v in (best.get(key), figures.get(key)) if v is not None]
-        merged[key] = max(values) if values else None
-    if best.get(HEALTH_FIGURES[0][0]) is None:   # a round that failed before: this one says what ran
-        merged["kernel"] = figures["kernel"]
-    return merged
-
-
-def health_findings(reports: list[dict], slow_fraction: float) -> tuple[list[str], list[str]]:
-    """(summary lines, problems) of the health check over all the ranks' reports."""
-    summaries, problems = [], []
-    for key, what, unit in HEALTH_FIGURES:
-        figures = [(r["rank"], r["host"], r["health"][key]) for r in reports
-                   if r["health"].get(key) is not None]
-        found, summary = rank_spread(figures, what, unit, slow_fraction)
-        problems += found
-        summaries += [summary] if summary else []
-    return summaries, problems
-
-
-# ------------------------------------------------------------------ the same allreduce through MPI
-def _import_mpi4py():
-    """mpi4py's MPI module, told never to initialise or finalise MPI itself: Horovod initialised it
-    (mpi4py then only attaches to it) and Horovod finalises it; a second MPI_Finalize would fail."""
-    import mpi4py
-
-    mpi4py.rc.initialize = False
-    mpi4py.rc.finalize = False
-    from mpi4py import MPI
-    return MPI
-
-
-def mpi4py_for_comparison(hvd, size: int):
-    """(mpi4py's MPI module, None) when this rank can run the allreduce through the MPI library
-    Horovod runs on, else (None, why not)."""
-    if not hvd.mpi_built():
-        return None, "this Horovod is built without MPI"
-    if not hvd.mpi_enabled():
-        return None, ("Horovod runs with Gloo (horovodrun --gloo, or HOROVOD_CONTROLLER=gloo), "
-                      "so MPI is not initialised")
-    try:
-        MPI = _import_mpi4py()
-    except Exception as err:  # noqa: BLE001 - the reason is the report
-        return None, f"mpi4py does not import ({_one_line(err)})"
-    if not MPI.Is_initialized() or MPI.Is_finalized():
-        # mpi4py built against another MPI library than the one Horovod loaded.
-        return None, "mpi4py's MPI library is not the one Horovod initialised"
-    if MPI.COMM_WORLD.Get_size() != size:
-        return None, f"MPI's world has {MPI.COMM_WORLD.Get_size()} ranks, Horovod's {size}"
-    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-        # Horovod's background thread keeps calling MPI: calls from this thread beside it are
-        # only allowed at MPI_THREAD_MULTIPLE (which Horovod asks for, and warns without).
-        return None, "MPI was initialised below MPI_THREAD_MULTIPLE, so no MPI call may run beside Horovod's"
-    return MPI, None
-
-
-def time_mpi_allreduce(MPI, nbytes: int, iters: int) -> float:
-    """Seconds per MPI_Allreduce (sum) of `nbytes` of float32 in host memory across COMM_WORLD:
-    two warm-ups, a barrier, then `iters` timed, as Horovod's are timed."""
-    import numpy as np
-
-    comm = MPI.COMM_WORLD
-    send = np.ones(max(1, nbytes // 4), dtype=np.float32)
-    recv = np.empty_like(send)
-    for _ in range(2):
-        comm.Allreduce(send, recv, op=MPI.SUM)
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        comm.Allreduce(send, recv, op=MPI.SUM)
-    return (time.perf_counter() - start) / iters
-
-
-class TorchOps:
-    def __init__(self, hvd, gpu: int | None):
-        import torch
-        self.torch, self.hvd = torch, hvd
-        self.device = torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-
-    def gpus(self) -> int:
-        return self.torch.cuda.device_count() if self.torch.cuda.is_available() else 0
-
-    def allreduce_check(self, size: int) -> bool:
-        t = self.torch.full((1000,), float(self.hvd.rank() + 1), device=self.device)
-        total = self.hvd.allreduce(t, op=self.hvd.Sum, name="doctor.sum")
-        avg = self.hvd.allreduce(t, name="doctor.avg")
-        return bool((total == size * (size + 1) / 2).all()) and bool((avg == (size + 1) / 2).all())
-
-    def broadcast_check(self) -> bool:
-        t = self.torch.arange(1000, dtype=self.torch.float32, device=self.device) * (self.hvd.rank() + 1)
-        got = self.hvd.broadcast(t, root_rank=0, name="doctor.bcast")
-        return bool((got == self.torch.arange(1000, dtype=self.torch.float32, device=self.device)).all())
-
-    def allgather_object(self, obj, name: str = "doctor.gather"):
-        return self.hvd.allgather_object(obj, name=name)
-
-    def health(self, threads: int, slowdown: int) -> dict:
-        return torch_health(self.torch, self.device, threads, slowdown)
-
-    def time_allreduce(self, nbytes: int, iters: int) -> float:
-        t = self.torch.ones(max(1, nbytes // 4), dtype=self.torch.float32, device=self.device)
-        for i in range(2):
-            self.hvd.allreduce(t, name=f"doctor.warm.{nbytes}")
-        self._sync()
-        start = time.perf_counter()
-        for i in range(iters):
-            self.hvd.allreduce(t, name=f"doctor.bw.{nbytes}")
-        self._sync()
-        return (time.perf_counter() - start) / iters
-
-    def _sync(self):
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize()
-
-
-class TFOps:
-    def __init__(self, hvd, gpu: int | None):
-        import tensorflow as tf
-        self.tf, self.hvd, self.gpu = tf, hvd, gpu
-
-    def gpus(self) -> int:
-        return len(self.tf.config.list_physical_devices("GPU"))
-
-    def allreduce_check(self, size: int) -> bool:
-        t = self.tf.fill([1000], float(self.hvd.rank() + 1))
-        total = self.hvd.allreduce(t, op=self.hvd.Sum, name="doctor.sum")
-        avg = self.hvd.allreduce(t, name="doctor.avg")
-        return bool(self.tf.reduce_all(total == size * (size + 1) / 2)) and bool(self.tf.reduce_all(avg == (size + 1) / 2))
-
-    def broadcast_check(self) -> bool:
-        base = self.tf.range(1000, dtype=self.tf.float32)
-        got = self.hvd.broadcast(base * float(self.hvd.rank() + 1), root_rank=0, name="doctor.bcast")
-        return bool(self.tf.reduce_all(got == base))
-
-    def allgather_object(self, obj, name: str = "doctor.gather"):
-        return self.hvd.allgather_object(obj, name=name)
-
-    def health(self, threads: int, slowdown: int) -> dict:
-        # The CPU kernel in numpy: these checks run where torch's Horovod ops are missing.
-        return tf_gpu_health(self.tf, self.gpu, slowdown) if self.gpu is not None else numpy_health(slowdown)
-
-    def time_allreduce(self, nbytes: int, iters: int) -> float:
-        t = self.tf.ones([max(1, nbytes // 4)], dtype=self.tf.float32)
-        for _ in range(2):
-            self.hvd.allreduce(t, name=f"doctor.warm.{nbytes}").numpy()
-        start = time.perf_counter()
-        for _ in range(iters):
-            self.hvd.allreduce(t, name=f"doctor.bw.{nbytes}").numpy()
-        return (time.perf_counter() - start) / iters
-
-
-def _mpi_library() -> str:
-    try:
-        # After hvd.init: under Horovod's MPI controller MPI is initialised and mpi4py only attaches;
-        # under Gloo it stays uninitialised (the library version needs no MPI_Init).
-        MPI = _import_mpi4py()
-
-        # The C string comes with its terminating NUL (Open MPI 4).
-        return " ".join(MPI.Get_library_version().replace("\0", "").split("\n")[0].split())
-    except Exception as err:  # noqa: BLE001
-        return f"unknown ({type(err).__name__})"
-
-
-def _visible_gpus(fw: str) -> int:
-    """The GPUs this process sees through framework `fw`, counted as its trainer counts them
-    (hvdtrain/torch/devices.py, hvdtrain/tf/devices.py); its Horovod module is imported already."""
-    if fw == "torch":
-        from hvdtrain.torch.devices import visible_gpus
-        return visible_gpus()
-    import tensorflow as tf
-    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _fmt_bytes(n: int) -> str:
@@ -677,7 +286,7 @@ def _measure_health(backend, threads: int, problems: list[str], slow_fraction: f
 
 def _rank_health(backend, threads: int, problems: list[str]) -> dict:
     """This rank's health figures; a kernel that fails is this rank's problem, not the doctor's end."""
-    slowdown = slowdown_factor()
+    slowdown = test_hooks.doctor_slowdown()
     try:
         return backend.health(threads, slowdown)
     except Exception as err:  # noqa: BLE001 - the reason is the report
@@ -803,7 +412,7 @@ def _print_health(out, reports, slow_fraction: float) -> None:
         h = r["health"]
         figures = ", ".join(f"{what} {_fmt_rate(h[key])} {unit}" for key, what, unit in HEALTH_FIGURES
                             if h.get(key) is not None) or "no figure"
-        slowed = (f"; slowed x{h['slowdown']} by {SLOWDOWN_VAR}, a test setting" if h["slowdown"] > 1 else "")
+        slowed = (f"; slowed x{h['slowdown']} by {test_hooks.DOCTOR_SLOWDOWN}, a test setting" if h["slowdown"] > 1 else "")
         out("health" if r["rank"] == 0 else "",
             f"rank {r['rank']} (host {r['host']}): {figures} ({h['kernel']}{slowed})")
     summaries, slow = health_findings(reports, slow_fraction)

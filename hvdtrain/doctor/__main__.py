@@ -1,0 +1,3 @@
+from hvdtrain.doctor.cli import main
+
+main()
