@@ -15,7 +15,7 @@ synchronisation. So each rank splits its timed steps into phases, and rank 0 com
 The trainer marks the end of each phase (`clock.mark("compute")`): a phase's time is from the
 previous mark to its own, so the phases of a step add up to the step. Host marks use the monotonic
 clock; on a GPU the torch trainer records CUDA events instead and reads them at the end of each
-epoch (hvdtrain/torch/phases.py), adding no synchronisation. The TF custom loop runs its step as
+epoch (hvdtrain/torch/cuda_phases.py), adding no synchronisation. The TF custom loop runs its step as
 three tf.functions (compute, sync, optimizer) with host marks between their calls when asked
 (HVDTRAIN_TF_PHASES=1: the split costs small models throughput), on a CPU only:
 on a GPU a call returns once its kernels are queued, and TF has no device-side timer the host

@@ -40,7 +40,7 @@ from hvdtrain.meter import StepMeter, divergence
 from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
-from hvdtrain.results import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
+from hvdtrain.result_file import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 

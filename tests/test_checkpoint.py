@@ -89,7 +89,7 @@ def test_the_per_rank_checksum_covers_batchnorm_statistics():
 
     import torch
 
-    from hvdtrain.results import checksum_arrays
+    from hvdtrain.result_file import checksum_arrays
     from hvdtrain.torch.train import Trainer
 
     one, two = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)

@@ -77,7 +77,7 @@ def horovod_then_ddp_under_srun(tmp_path_factory, slurm_cluster) -> dict:
     """The resume test's first legs: 4 epochs under Horovod (mpirun), its checkpoint after epoch 2
     copied twice, and one copy resumed under DDP to step 52, launched with srun: that launch is
     also test_comparison_backends_under_srun[ddp]'s (DDP's rendezvous under srun)."""
-    from hvdtrain.results import checksum_arrays
+    from hvdtrain.result_file import checksum_arrays
 
     tmp_path = tmp_path_factory.mktemp("resume")
     run_trainer(tmp_path, "full", "mpirun", 2, RESUME + ["--checkpoint-dir", str(tmp_path / "full")])
@@ -177,7 +177,7 @@ def test_batchnorm_statistics_of_every_rank_in_checkpoint_and_result(resnet50_ho
     per-rank checksum covers them: the checkpoint rank 0 wrote is the model every rank ends with.
     (ResNet-50's 4 steps under horovodrun: test_resnet50_synthetic_under_horovodrun_gloo's launch.)"""
     from hvdtrain.checkpoint import latest_checkpoint
-    from hvdtrain.results import checksum_arrays
+    from hvdtrain.result_file import checksum_arrays
     from hvdtrain.torch.models import build_model
 
     result, ckpt_dir = resnet50_horovodrun

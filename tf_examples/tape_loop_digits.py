@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 import hvdtrain.tf  # hvdtrain:
-from hvdtrain.results import checksum_arrays
+from hvdtrain.result_file import checksum_arrays
 
 parser = argparse.ArgumentParser(description="your own GradientTape loop on the digits, with hvdtrain")
 parser.add_argument("--epochs", type=int, default=8)

@@ -28,7 +28,7 @@ from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.compare.report import (fmt, parity, rate_unit, record_from_result, summarize, write_markdown,
                                      write_plot)
 from hvdtrain.launch import launch_command, launch_env
-from hvdtrain.results import environment_fingerprint, library_versions, write_json
+from hvdtrain.result_file import environment_fingerprint, library_versions, write_json
 from hvdtrain.compare.workloads import WORKLOADS, custom_workload, get_workload
 
 # Every backend of hvdtrain/backends.py, by its report label (horovod-torch, ddp, lightning,

@@ -32,7 +32,7 @@ import time
 from hvdtrain import slurm
 from hvdtrain.compare.report import parity, rate_unit, record_from_result, summarize, write_markdown, write_plot
 from hvdtrain.errors import UsageError
-from hvdtrain.results import environment_fingerprint, write_json
+from hvdtrain.result_file import environment_fingerprint, write_json
 
 STUDY_FILE = "study.json"
 REPORT = "scaling"           # scaling.json, scaling.md, scaling.png

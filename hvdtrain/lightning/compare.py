@@ -26,7 +26,7 @@ import time
 from hvdtrain import plugins
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.launch import launch_command, launch_env
-from hvdtrain.results import write_json
+from hvdtrain.result_file import write_json
 
 PROG = "hvdtrain.lightning.compare"
 STRATEGIES = ("ddp", "horovod")

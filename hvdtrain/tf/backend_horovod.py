@@ -116,7 +116,7 @@ class HorovodBackend(TFBackend):
         self.allreduce_sum([0.0], "barrier")
 
     def describe(self) -> dict:
-        from hvdtrain.results import horovod_build_flags
+        from hvdtrain.result_file import horovod_build_flags
 
         return {"backend": self.name, "horovod_build_flags": horovod_build_flags(self.hvd),
                 "horovod_tuning": self.tuning}

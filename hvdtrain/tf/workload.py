@@ -21,7 +21,7 @@ import numpy as np
 
 from hvdtrain import plugins
 from hvdtrain.errors import UsageError
-from hvdtrain.results import sample_unit
+from hvdtrain.result_file import sample_unit
 
 CROSS_ENTROPY = "cross_entropy"  # the default loss: cross-entropy of logits, with accuracy reported
 KERAS_PACKAGES = ("keras", "tf_keras")  # Keras 3, and Keras 2 (what --loop fit runs on)
@@ -34,7 +34,7 @@ class TFWorkload:
     build_model: Callable[[object, object], object]  # (keras, TFData) -> a Keras model, built
     loss: Callable | None = None              # loss(y_true, y_pred) (Keras' order); None: cross-entropy
     fingerprint: str | None = None            # of the data given to fit(): every rank must have the same
-    sample_unit: str = "img"                  # what the rates count (hvdtrain.results.sample_unit)
+    sample_unit: str = "img"                  # what the rates count (hvdtrain.result_file.sample_unit)
 
 
 def from_config(cfg) -> TFWorkload:

@@ -24,12 +24,12 @@ from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.runtime import feeder_thread_pays, rank_cores
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import checkpoint_file, dali, data, device_settings, images, internals
+from hvdtrain.torch import checkpoint_file, compute_mode, dali, data, images, internals
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
 from hvdtrain.torch.workload import TorchWorkload, from_config
-from hvdtrain.torch.phases import CudaPhaseClock
+from hvdtrain.torch.cuda_phases import CudaPhaseClock
 from hvdtrain.torch.devices import rank_device
 
 PROG = "hvdtrain.torch"
@@ -75,8 +75,8 @@ class Trainer(EpochTrainer):
         self.device = rank_device(b.local_rank, b.local_world_size)  # hvdtrain/torch/devices.py
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        device_settings.deterministic_kernels(self.cfg.deterministic)
-        self.cuda_math = device_settings.cuda_math(self.device, self.cfg.deterministic)
+        compute_mode.deterministic_kernels(self.cfg.deterministic)
+        self.cuda_math = compute_mode.cuda_math(self.device, self.cfg.deterministic)
         return str(self.device)
 
     def _build_data(self) -> tuple[int, int]:
@@ -102,7 +102,7 @@ class Trainer(EpochTrainer):
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         model = self.workload.build_model().to(self.device)
-        self.channels_last = device_settings.channels_last(cfg.channels_last, cfg.model, self.device, cfg.use_adasum)
+        self.channels_last = compute_mode.channels_last(cfg.channels_last, cfg.model, self.device, cfg.use_adasum)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.raw_model = model  # unwrapped: what checkpoints and checksums hold
@@ -130,7 +130,7 @@ class Trainer(EpochTrainer):
         # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
         # is a new optimizer object and would drop the state of the one it wraps.
         self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
-        self.scaler = device_settings.grad_scaler(cfg.amp, self.device)
+        self.scaler = compute_mode.grad_scaler(cfg.amp, self.device)
         if self.scaler is not None:
             # GradScaler skips the optimizer step of a step whose gradients overflowed (the first
             # ones, while it finds its scale), and torch then warns that the LR schedule stepped
@@ -233,7 +233,7 @@ class Trainer(EpochTrainer):
             stats = torch.zeros(3, dtype=torch.float64, device=self.device)
             for j, (xc, yc) in enumerate(zip(x.chunk(k), y.chunk(k))):
                 with b.no_sync(self.model, self.optimizer, j == k - 1), \
-                        device_settings.autocast(cfg.amp, self.device):
+                        compute_mode.autocast(cfg.amp, self.device):
                     out = self.model(xc)
                     loss = self._loss(out, yc)
                 if j == 0:
@@ -304,7 +304,7 @@ class Trainer(EpochTrainer):
                                 if self.cfg.loader == "dali" else b.val_loader(self.val_ds, self.cfg))
         for x, y in self._feed(self.val_batches):
             self.watchdog.beat(where="validating")
-            with device_settings.autocast(self.cfg.amp, self.device):
+            with compute_mode.autocast(self.cfg.amp, self.device):
                 out = self.model(x)
             correct = out.argmax(1) == y if self.reports_accuracy else torch.zeros_like(y, dtype=torch.bool)
             losses, correct = b.gather_for_metrics((self._sample_losses(out, y), correct))

@@ -17,7 +17,7 @@ from torch import nn
 
 from hvdtrain import plugins
 from hvdtrain.errors import UsageError
-from hvdtrain.results import sample_unit
+from hvdtrain.result_file import sample_unit
 from hvdtrain.torch import data, models
 
 CROSS_ENTROPY = "cross_entropy"  # --loss's default: with accuracy reported
@@ -31,7 +31,7 @@ class TorchWorkload:
     loss: Callable | None = None                # (outputs, targets) -> scalar tensor; None: cross-entropy
     num_classes: int | None = None              # a built-in classifier's, kept in its checkpoints
     model_name: str = "the model"               # for messages: --model's value or fit's argument
-    sample_unit: str = "img"                    # what the rates count (hvdtrain.results.sample_unit)
+    sample_unit: str = "img"                    # what the rates count (hvdtrain.result_file.sample_unit)
 
     def build_model(self) -> nn.Module:
         """The model (built now if a function was given; every rank seeds alike before)."""
@@ -45,7 +45,7 @@ class TorchWorkload:
 
 def check_pairs(dataset, what: str) -> str:
     """A map-style dataset with at least one sample, which is an (input, target) pair; what its
-    rates count (hvdtrain.results.sample_unit of the input's shape)."""
+    rates count (hvdtrain.result_file.sample_unit of the input's shape)."""
     from torch.utils.data import DataLoader, IterableDataset
 
     if isinstance(dataset, DataLoader):  # model code's habit: the loader, where hvdtrain wants the dataset

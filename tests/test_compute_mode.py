@@ -6,8 +6,8 @@ import torch
 
 from hvdtrain.config import TrainConfig, build_parser, config_from_args
 from hvdtrain.errors import UsageError
-from hvdtrain.torch import device_settings
-from hvdtrain.torch.phases import CudaPhaseClock
+from hvdtrain.torch import compute_mode
+from hvdtrain.torch.cuda_phases import CudaPhaseClock
 from hvdtrain.torch.torch_distributed import state_on_cpu
 
 CPU = torch.device("cpu")
@@ -29,13 +29,13 @@ def test_amp_alone_is_fp16_and_bf16_is_a_choice_and_the_old_switch_still_reads()
 @pytest.mark.parametrize("amp, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16), ("off", torch.float32)])
 def test_autocast_runs_on_the_cpu_in_the_type_asked_for(amp, dtype):
     layer = torch.nn.Linear(4, 3)
-    with device_settings.autocast(amp, CPU):
+    with compute_mode.autocast(amp, CPU):
         assert layer(torch.ones(2, 4)).dtype == dtype
 
 
 def test_only_fp16_has_a_loss_scale_and_it_works_on_the_cpu():
-    assert device_settings.grad_scaler("off", CPU) is None and device_settings.grad_scaler("bf16", CPU) is None
-    scaler = device_settings.grad_scaler("fp16", CPU)
+    assert compute_mode.grad_scaler("off", CPU) is None and compute_mode.grad_scaler("bf16", CPU) is None
+    scaler = compute_mode.grad_scaler("fp16", CPU)
     p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([p], lr=1.0)
     scaler.scale((p * 2).sum()).backward()
@@ -47,13 +47,13 @@ def test_only_fp16_has_a_loss_scale_and_it_works_on_the_cpu():
 
 def test_channels_last_auto_is_for_resnets_on_cuda_and_never_under_adasum():
     cuda = torch.device("cuda", 0)
-    assert device_settings.channels_last("auto", "resnet50", cuda)
-    assert not device_settings.channels_last("auto", "mnist_cnn", cuda)
-    assert not device_settings.channels_last("auto", "resnet50", CPU)
-    assert not device_settings.channels_last("auto", "resnet50", cuda, use_adasum=True)
-    assert device_settings.channels_last("on", "mnist_cnn", CPU)          # asked for: on the CPU too
-    assert not device_settings.channels_last("off", "resnet50", cuda)
-    assert device_settings.cuda_math(CPU) == {}                            # nothing to switch on a CPU
+    assert compute_mode.channels_last("auto", "resnet50", cuda)
+    assert not compute_mode.channels_last("auto", "mnist_cnn", cuda)
+    assert not compute_mode.channels_last("auto", "resnet50", CPU)
+    assert not compute_mode.channels_last("auto", "resnet50", cuda, use_adasum=True)
+    assert compute_mode.channels_last("on", "mnist_cnn", CPU)          # asked for: on the CPU too
+    assert not compute_mode.channels_last("off", "resnet50", cuda)
+    assert compute_mode.cuda_math(CPU) == {}                            # nothing to switch on a CPU
 
 
 @pytest.mark.parametrize("options, message", [
@@ -130,24 +130,24 @@ def test_deterministic_turns_autotuning_off_and_deterministic_kernels_on(monkeyp
     import os
 
     from hvdtrain.config import TrainConfig
-    from hvdtrain.torch import device_settings
+    from hvdtrain.torch import compute_mode
 
     saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
              torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:
         assert TrainConfig().deterministic is False
-        assert device_settings.cuda_math(torch.device("cuda", 0))["cudnn_benchmark"] is True
+        assert compute_mode.cuda_math(torch.device("cuda", 0))["cudnn_benchmark"] is True
         assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
-        device_settings.deterministic_kernels(False)
+        compute_mode.deterministic_kernels(False)
         assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-        settings = device_settings.cuda_math(torch.device("cuda", 0), deterministic=True)
+        settings = compute_mode.cuda_math(torch.device("cuda", 0), deterministic=True)
         assert settings == {"cudnn_benchmark": False, "tf32": True, "deterministic": True}
         assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
-        device_settings.deterministic_kernels(True)
+        compute_mode.deterministic_kernels(True)
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-        assert device_settings.cuda_math(torch.device("cpu"), deterministic=True) == {}
+        assert compute_mode.cuda_math(torch.device("cpu"), deterministic=True) == {}
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[:2]
         torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])
