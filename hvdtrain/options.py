@@ -9,7 +9,7 @@
 - which backends honour it (`unhonoured`): any other refuses it when it is given;
 - the start-up agreement of the ranks (`shared`): every option not per_rank must be the same on
   every rank (hvdtrain/trainer.py);
-- what a resume does when it differs from the checkpoint's (`resume_keys`, hvdtrain/checkpoint.py).
+- what a resume does when it differs from the checkpoint's (`resume_keys`, hvdtrain/checkpoint/compatibility.py).
 
 A field declared without opt() fails at import (`declared`); so does opt() without help,
 per_rank or resume: a new option cannot be added without saying them.

@@ -9,7 +9,9 @@ still makes the two modules depend on each other; it only hides the cycle until 
 runs). `from hvdtrain.pkg import name` depends on the module hvdtrain.pkg.name where there is
 one, else on the package hvdtrain.pkg. Importing a submodule also runs its packages' __init__,
 but ours import nothing of their own at import time (hvdtrain/torch/__init__.py's `fit` is
-loaded on first use, and that lazy import is an edge like any other), so no edge is added for it.
+loaded on first use, and that lazy import is an edge like any other) except
+hvdtrain/checkpoint/__init__.py, which gathers its own submodules' names (edges like any other;
+none of them imports the package back), so no edge is added for it.
 """
 from __future__ import annotations
 

@@ -233,7 +233,7 @@ def test_a_failed_background_interval_write_ends_the_loop_at_the_next_vote(new_r
     def full(path, write, signed):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ckpt, "atomic_write", full)
+    monkeypatch.setattr(ckpt.files, "atomic_write", full)  # what the writer calls
     for _ in range(2):
         next(batches)
         run.step_done()

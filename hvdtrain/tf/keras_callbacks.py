@@ -17,7 +17,7 @@ of `checkpoint_dir` that reads, then every rank takes rank 0's weights and optim
 `.initial_epoch` is where fit must start. The list holds Horovod's BroadcastGlobalVariablesCallback
 and MetricAverageCallback, its LearningRateWarmupCallback (warmup_epochs > 0) and hvdtrain's guard,
 which sets the LR to the compiled one x world size, checkpoints on rank 0 at each epoch end
-(npz, atomic, the newest `keep` kept: hvdtrain/checkpoint.py), votes over ranks on SIGUSR1/SIGTERM
+(npz, atomic, the newest `keep` kept: hvdtrain/checkpoint/), votes over ranks on SIGUSR1/SIGTERM
 every `stop_check_batches` batches and at each epoch end (every rank stops at the same batch,
 with a checkpoint), with `checkpoint_every=` (2000 steps, or '30m' of rank 0's clock, agreed at the
 next vote) also checkpoints in the middle of epochs, written in the background while fit goes on,

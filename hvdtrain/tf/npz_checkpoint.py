@@ -7,7 +7,7 @@ GradientTape loop): an .npz archive of plain arrays, read without pickle.
     optimizer/<i>   the optimizer's
 
 The arrays are copies taken when the state is captured (`capture`): a background write
-(hvdtrain/checkpoint.py Writer) reads them while the next steps update the variables.
+(hvdtrain/checkpoint/writer.py) reads them while the next steps update the variables.
 """
 from __future__ import annotations
 
