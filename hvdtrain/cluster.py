@@ -10,6 +10,7 @@ in the same launcher order, as this module raises its `UsageError`.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 from dataclasses import dataclass, field
@@ -184,10 +185,35 @@ def bound_per_task(gpus: int, local_world_size: int, environ=None) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (for a rendezvous whose port is then shared)."""
+    """A TCP port free on this host now, for a rendezvous whose port is chosen before its listener
+    starts (shared first: MASTER_PORT, TF_CONFIG, a Slurm daemon's configuration). Taken below the
+    kernel's ephemeral range, whose ports the kernel hands to any process's connection or bind to
+    port 0: an ephemeral port found free can be taken so before the listener binds it (seen:
+    EADDRINUSE, with the test suite's two lanes side by side); below the range only a program that
+    asks for that number gets it. An ephemeral one where the range leaves no room below it."""
+    low = ephemeral_ports()[0]
+    draw = random.SystemRandom()
+    for _ in range(64) if low > 2048 else ():
+        port = draw.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:  # taken, or lingering after a close
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range of ports for connections and bind to 0 (Linux's default 32768-60999)."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _slurm_hosts(e) -> list[str]:

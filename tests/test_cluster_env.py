@@ -74,3 +74,24 @@ def test_one_gpu_per_rank_or_a_clear_refusal():
     assert gpu_for_rank(0, 1, 8) == 0
     with pytest.raises(UsageError, match=r"^4 ranks on this node but 2 visible GPU\(s\): hvdtrain runs one rank per GPU"):
         gpu_for_rank(3, 4, 2)
+
+
+def test_a_rendezvous_port_is_free_and_below_the_kernels_ephemeral_range(tmp_path):
+    """A port chosen before its listener starts (MASTER_PORT, a Slurm daemon's) is taken below the
+    ephemeral range: an ephemeral one can be handed to another process's connection meanwhile
+    (seen: EADDRINUSE beside the suite's other lane). Free when chosen; an ephemeral one where the
+    range leaves no room below it."""
+    import socket
+
+    from hvdtrain import cluster
+
+    low, _ = cluster.ephemeral_ports()
+    ports = {cluster.free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1, ports
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))  # still free
+    narrow = tmp_path / "range"
+    narrow.write_text("1024\t60999\n")
+    assert cluster.ephemeral_ports(str(narrow)) == (1024, 60999)
+    assert cluster.ephemeral_ports(str(tmp_path / "none")) == (32768, 60999)
