@@ -64,6 +64,16 @@ class StopRequest:
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 
 
+def requeue_after_stop(stopped_by: str | None, job_id: str | None, is_rank0: bool) -> str | None:
+    """Rank 0 requeues the Slurm job after SIGUSR1 (the time-limit warning), every API alike;
+    the outcome in words, or None when nothing is to be done. SIGTERM never requeues: it is
+    scancel (requeueing would undo the user's cancel), a preemption (Slurm requeues by itself) or
+    the limit itself. HVDTRAIN_REQUEUE=0 checkpoints and stops without requeueing."""
+    if stopped_by != "SIGUSR1" or not is_rank0 or not job_id or os.environ.get("HVDTRAIN_REQUEUE", "1") == "0":
+        return None
+    return requeue_slurm_job(job_id)
+
+
 def requeue_slurm_job(job_id: str | None) -> str:
     """`scontrol requeue JOB`: returns what happened, in words. The id must look like a Slurm
     job id, and goes as one argument: never through a shell."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
 import socket
 import time
 
@@ -41,7 +40,7 @@ from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.result_file import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
-from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, decode_workers, requeue_after_stop, threads_per_rank
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 
@@ -524,11 +523,8 @@ class EpochTrainer(abc.ABC):
         requeue = None
         if stopped_by:
             self.reporter.info(f"stopped by {stopped_by} at step {self.position.global_step}; checkpoint written")
-            # Only the time-limit warning requeues. SIGTERM is scancel (requeueing would undo the
-            # user's cancel), preemption (Slurm requeues by itself) or the limit itself.
-            requeue_wanted = stopped_by == "SIGUSR1" and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0"
-            if requeue_wanted and self.is_rank0 and env.job_id:
-                requeue = requeue_slurm_job(env.job_id)
+            requeue = requeue_after_stop(stopped_by, env.job_id, self.is_rank0)
+            if requeue:
                 self.reporter.info(requeue)
         result = {
             "framework": self.framework, **b.describe(), **self._result_extras(),

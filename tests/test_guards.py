@@ -171,3 +171,18 @@ def test_an_empty_class_folder_is_named_in_one_line(tmp_path):
         f.unlink()
     with pytest.raises(UsageError, match=r"/val' has class folders without images: 7 \("):
         check_imagefolder(root)
+
+
+def test_only_sigusr1_requeues_and_only_from_rank_0(monkeypatch):
+    """The requeue rule every API shares (runtime.requeue_after_stop): the time-limit warning
+    requeues; scancel's SIGTERM, another rank, no Slurm job or HVDTRAIN_REQUEUE=0 do not."""
+    from hvdtrain.runtime import requeue_after_stop
+
+    monkeypatch.delenv("HVDTRAIN_REQUEUE", raising=False)
+    assert requeue_after_stop("SIGTERM", "123", True) is None
+    assert requeue_after_stop("SIGUSR1", "123", False) is None
+    assert requeue_after_stop("SIGUSR1", None, True) is None
+    assert requeue_after_stop(None, "123", True) is None
+    assert requeue_after_stop("SIGUSR1", "12;rm", True) == "not requeued: '12;rm' is not a Slurm job id"
+    monkeypatch.setenv("HVDTRAIN_REQUEUE", "0")
+    assert requeue_after_stop("SIGUSR1", "123", True) is None

@@ -39,7 +39,7 @@ from hvdtrain.meter import divergence
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PHASES, phases_summary, slowest_rank_line
 from hvdtrain.report import say
-from hvdtrain.runtime import StopRequest, requeue_slurm_job
+from hvdtrain.runtime import StopRequest, requeue_after_stop
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 PROG = "hvdtrain.lightning"
@@ -94,8 +94,9 @@ class Guards(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         job_id = ClusterEnv.from_environ().job_id  # as the trainer requeues
-        if self.stopped_by == "SIGUSR1" and self.is_rank0 and job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
-            self._log(requeue_slurm_job(job_id))
+        requeue = requeue_after_stop(self.stopped_by, job_id, self.is_rank0)
+        if requeue:
+            self._log(requeue)
         self._end()
 
     def on_exception(self, trainer, pl_module, exception) -> None:

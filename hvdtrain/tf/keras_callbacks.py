@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import time
 
 import numpy as np
@@ -54,7 +53,7 @@ from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.meter import stop_reason, stop_votes
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
-from hvdtrain.runtime import StopRequest, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, requeue_after_stop, threads_per_rank
 from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, npz_checkpoint
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
@@ -324,9 +323,10 @@ class Job:
         return stop_reason(usr1, term), timed > 0, busy > 0
 
     def requeue_if_asked(self, stopped_by: str | None) -> None:
-        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only: SIGTERM is scancel or preemption."""
-        if stopped_by == "SIGUSR1" and self.is_rank0 and self.job_id and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
-            self.log(requeue_slurm_job(self.job_id))
+        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop)."""
+        requeue = requeue_after_stop(stopped_by, self.job_id, self.is_rank0)
+        if requeue:
+            self.log(requeue)
 
 
 # The guard subclasses the Callback of the Keras that fit runs on (tf_keras), known only once

@@ -17,7 +17,6 @@ same points; bad input ends every rank with one line, exit 2. Example: torch_exa
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, exits_on_usage_error, in_one_line
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
-from hvdtrain.runtime import StopRequest, decode_workers, requeue_slurm_job, threads_per_rank
+from hvdtrain.runtime import StopRequest, decode_workers, requeue_after_stop, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch import checkpoint_file, data, images
 from hvdtrain.torch.devices import rank_device
@@ -247,9 +246,9 @@ class Run:
     @exits_on_usage_error(PROG)
     def finish(self) -> None:
         """Last, every rank: after SIGUSR1 (Slurm's time-limit warning) rank 0 requeues the job."""
-        if self.stopped_by == "SIGUSR1" and self.is_rank0 and self.job_id \
-                and os.environ.get("HVDTRAIN_REQUEUE", "1") != "0":
-            self.log(requeue_slurm_job(self.job_id))
+        requeue = requeue_after_stop(self.stopped_by, self.job_id, self.is_rank0)
+        if requeue:
+            self.log(requeue)
         # A background write still running: ended, its failure said on every rank.
         error = self.backend.broadcast_object(self.writer.finish() if self.is_rank0 else None, "loop_last_write")
         self.watchdog.stop()
