@@ -35,10 +35,11 @@ def main():
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=90)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--samples", type=int, default=SAMPLES, help="ImageNet's by default; fewer: smaller shards")
     p.add_argument("--out", default="runs/descriptors")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    sample_shards = (np.arange(SAMPLES) * SHARDS // SAMPLES).astype(np.int32)
+    sample_shards = (np.arange(a.samples) * SHARDS // a.samples).astype(np.int32)
     folder = tempfile.mkdtemp(prefix="shards-")
     paths = []
     for i in range(SHARDS):
@@ -60,13 +61,13 @@ def main():
                "process_descriptors": len(os.listdir("/proc/self/fd"))}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {"ranks": a.ranks, "workers": a.workers, "epochs": a.epochs, "batch_size": a.batch_size,
+    summary = {"ranks": a.ranks, "workers": a.workers, "epochs": a.epochs, "batch_size": a.batch_size, "samples": a.samples,
                "keep": files.keep, "soft_limit": open_files.raise_soft_limit()[0], "reserve": open_files.RESERVE,
                "most_open_over_the_run": max(r["most_open"] for r in rows),
                "open_at_the_last_epoch_end": rows[-1]["open_at_end"],
                "opened_per_epoch_median": float(np.median([r["opened"] for r in rows])),
                "seconds": round(time.perf_counter() - start, 1), "rows": rows}
-    with open(os.path.join(a.out, f"descriptors-{a.ranks}ranks.json"), "w") as f:
+    with open(os.path.join(a.out, f"descriptors-{a.ranks}ranks{'' if a.samples == SAMPLES else f'-{a.samples}'}.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
 

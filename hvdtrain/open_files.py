@@ -6,11 +6,14 @@ about shards / ranks + 1; 139 of ImageNet's 1,100 at 8 ranks, 6 at 256), another
 epoch, and each worker is a process with its own limit, often 1,024 by default on clusters. So a
 process keeps open the files it is reading now, and closes the others:
 
-- **Idle files close.** A file not read for IDLE_READS x (files open) reads of this reader is
-  closed (a file of the epoch being read is read about every (files open) reads: closing it by
-  mistake is a chance of e^-20). The shards of earlier epochs close a few thousand reads into the
-  next one, so descriptors stay near one epoch's working set over a whole run, not a sum over its
-  epochs (kept until the limit, a worker at 8 ranks reaches it by the 12th of 90 epochs).
+- **Idle files close.** A file not read for IDLE_READS x (the mean gap between two reads of one
+  file) reads of this reader is closed: a file of the epoch being read is read about every
+  (files being read) reads, so closing it by mistake is a chance of e^-20. The gap is measured on
+  the files being read, not counted from the files open: counted so, the shards of earlier epochs
+  would keep the threshold high while they linger (a worker holding 2.7 epochs' shards where an
+  epoch is 4,000 of its reads). The shards of an earlier epoch close a few thousand reads into the next one, so
+  descriptors stay near one epoch's working set over a whole run, not a sum over its epochs
+  (kept until the limit, a worker at 8 ranks reaches it by the 12th of 90 epochs).
 - **One budget per process**, the soft limit (raised to the hard one, no privilege needed) less
   RESERVE for CUDA, NCCL, MPI, sockets, shared memory and libraries, shared by every reader in
   the process (a TensorFlow rank reads train and val in one): beyond its share, the least
@@ -36,7 +39,8 @@ from hvdtrain.errors import UsageError
 # Python and CUDA libraries, the log.
 RESERVE = 256
 MINIMUM = 8  # fewer files open at once than this would reopen a file for nearly every read
-IDLE_READS = 20  # a file not read for this many x (files open) reads is closed
+IDLE_READS = 20  # a file not read for this many x (the mean gap between a file's reads) reads is closed
+GAP_WEIGHT = 256  # the mean gap is a moving average over about this many reads
 SWEEP_EVERY = 64  # reads between two looks for idle files
 SAY_AFTER_READS = 2000  # the reopening line needs this many reads to judge
 
@@ -91,6 +95,7 @@ class OpenFiles:
         self._last_read: dict[int, int] = {}  # index -> this reader's read count at its last read
         self._readers: collections.Counter = collections.Counter()
         self.reads = 0
+        self.mean_gap: float | None = None  # reads between two reads of one open file, on average
         self.opened = 0  # files opened by this process: how often the limit made it reopen
         self.most_open = 0  # the most files this reader held open at once
         _readers_here.add(self)
@@ -115,9 +120,10 @@ class OpenFiles:
     def _acquire(self, index: int) -> int:
         with self._lock:
             self.reads += 1
-            self._last_read[index] = self.reads
             fd = self._open.get(index)
             if fd is not None:
+                gap = self.reads - self._last_read[index]
+                self.mean_gap = gap if self.mean_gap is None else self.mean_gap + (gap - self.mean_gap) / GAP_WEIGHT
                 self._open.move_to_end(index)
             else:
                 fd = os.open(self.paths[index], os.O_RDONLY)
@@ -125,6 +131,7 @@ class OpenFiles:
                 self._open[index] = fd
                 self._close_beyond(self.keep)
                 self.most_open = max(self.most_open, len(self._open))
+            self._last_read[index] = self.reads
             if self.reads % SWEEP_EVERY == 0:
                 self._close_idle()
                 self._say_if_reopening()
@@ -143,8 +150,9 @@ class OpenFiles:
                 excess -= 1
 
     def _close_idle(self):
-        """Close the files not read for IDLE_READS x (files open) reads: an earlier epoch's."""
-        idle_after = IDLE_READS * len(self._open)
+        """Close the files not read for IDLE_READS x (the mean gap between a file's reads) reads: an
+        earlier epoch's. Before any file was read twice, the files open stand in for the gap."""
+        idle_after = IDLE_READS * max(MINIMUM, self.mean_gap if self.mean_gap is not None else len(self._open))
         for index in list(self._open):  # least recently read first: stop at the first one still read
             if self.reads - self._last_read[index] <= idle_after:
                 break
