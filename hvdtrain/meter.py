@@ -18,6 +18,7 @@ step and knows which signal stopped it. Every rank starts and stops the clock to
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Callable
@@ -28,12 +29,36 @@ from hvdtrain.collectives import Collectives
 from hvdtrain.phases import PhaseClock
 from hvdtrain.test_hooks import injected_delay
 
-STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
 
 
-def stop_votes(signal_name: str | None) -> list[float]:
-    """This rank's votes, summed over ranks with the metrics: [saw SIGUSR1, saw SIGTERM]."""
-    return [float(signal_name == s) for s in STOP_SIGNALS]
+@dataclasses.dataclass(frozen=True)
+class Votes:
+    """What every rank adds to a step's reduction, by name: the stop signal it saw, whether rank
+    0's clock says an interval checkpoint is due, whether rank 0's background write is running or
+    failed. Summed over ranks: a field above 0 is what some rank voted."""
+    usr1: float = 0.0
+    term: float = 0.0
+    checkpoint_due: float = 0.0
+    writing: float = 0.0
+    write_failed: float = 0.0
+
+    @classmethod
+    def mine(cls, signal_name: str | None, checkpoint_due: bool = False,
+             writer_state: tuple[bool, bool] = (False, False)) -> "Votes":
+        return cls(float(signal_name == "SIGUSR1"), float(signal_name == "SIGTERM"), float(checkpoint_due),
+                   *map(float, writer_state))
+
+    def to_array(self) -> list[float]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    @classmethod
+    def from_array(cls, values) -> "Votes":
+        return cls(*map(float, values))
+
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal every rank agrees stopped the run: SIGTERM on any rank outweighs SIGUSR1."""
+        return stop_reason(self.usr1, self.term)
 
 
 def divergence(loss: float, reference: float, factor: float, step: int, option: str) -> str | None:
@@ -135,11 +160,14 @@ class StepMeter:
         self.phases.mark("other")
         if global_step % self.log_interval and global_step != self.last_step:
             return False
-        reduced = self.backend.allreduce_sum(np.array([*self.to_host(self.window), *stop_votes(self.signal_name()),
-                                                       float(self.checkpoint_vote())]), "train_window")
+        metrics = self.to_host(self.window)  # loss sum, correct, count
+        reduced = self.backend.allreduce_sum(np.array([*metrics, *Votes.mine(self.signal_name(),
+                                                                              self.checkpoint_vote()).to_array()]),
+                                             "train_window")
+        votes = Votes.from_array(reduced[len(metrics):])
         # One rank's clock (rank 0's) says a timed checkpoint is due: every rank knows it here, at
         # the same step.
-        self.checkpoint_due = reduced[5] > 0
+        self.checkpoint_due = votes.checkpoint_due > 0
         self.phases.mark("sync")  # the metrics' reduction waits for every rank too
         self.totals += reduced[:3]
         self.window = None
@@ -147,7 +175,7 @@ class StepMeter:
         self.loss_log.append([global_step, interval_loss])
         self.reporter.scalars(global_step, {"train/loss": interval_loss, "train/lr": float(self.current_lr())})
         self.bar.set_postfix(loss=f"{interval_loss:.4f}")
-        self.stopped_by = stop_reason(reduced[3], reduced[4])
+        self.stopped_by = votes.stopped_by
         self.phases.mark("other")
         self.check_loss(interval_loss)
         return self.stopped_by is not None

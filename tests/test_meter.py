@@ -4,7 +4,7 @@ timing of reductions, not MPI (the distributed tier runs it on real ranks)."""
 import numpy as np
 
 from hvdtrain.collectives import Collectives
-from hvdtrain.meter import StepMeter, stop_reason, stop_votes
+from hvdtrain.meter import StepMeter, Votes, stop_reason
 
 
 class TwoRanks:
@@ -16,8 +16,9 @@ class TwoRanks:
 
     def allreduce_sum(self, values, name):
         self.reductions.append(name)
-        # stats [+ stop votes + the timed-checkpoint vote]
-        other = np.array([*values[:3], *stop_votes(self.other_signal), self.other_checkpoint_vote])[:len(values)]
+        # stats [+ the other rank's votes: its stop signal, the timed-checkpoint vote]
+        votes = Votes.mine(self.other_signal, self.other_checkpoint_vote > 0).to_array()
+        other = np.array([*values[:3], *votes])[:len(values)]
         return np.asarray(values, dtype=np.float64) + other
 
     def broadcast_object(self, obj, name):
@@ -124,6 +125,15 @@ def test_sigterm_outweighs_sigusr1():
     assert stop_reason(usr1_votes=2, term_votes=1) == "SIGTERM"
     assert stop_reason(usr1_votes=1, term_votes=0) == "SIGUSR1"
     assert stop_reason(0, 0) is None
+
+
+def test_votes_travel_by_name():
+    """Every rank's votes, summed as one array and read back by name, whatever their order."""
+    a = Votes.mine("SIGUSR1", checkpoint_due=True, writer_state=(True, False))
+    b = Votes.mine("SIGTERM")
+    summed = Votes.from_array(np.add(a.to_array(), b.to_array()))
+    assert summed == Votes(usr1=1, term=1, checkpoint_due=1, writing=1, write_failed=0)
+    assert summed.stopped_by == "SIGTERM" and Votes.mine(None).stopped_by is None
 
 
 def test_device_stats_are_added_up_where_they_are_and_copied_to_the_host_only_when_reduced():

@@ -50,7 +50,7 @@ from hvdtrain import checkpoint as ckpt, tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error
-from hvdtrain.meter import stop_reason, stop_votes
+from hvdtrain.meter import Votes
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, requeue_after_stop, threads_per_rank
@@ -314,13 +314,13 @@ class Job:
         whether rank 0's background write is still running). A background write that failed ends
         every rank here, with rank 0's line."""
         files = self.files
-        mine = np.array([*stop_votes(self.stop.signal_name), interval.vote(), *files.state()], dtype=np.float64)
-        usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "stop_vote")
-        if failed:
+        mine = Votes.mine(self.stop.signal_name, interval.vote(), files.state())
+        votes = Votes.from_array(self.backend.allreduce_sum(np.array(mine.to_array(), dtype=np.float64), "stop_vote"))
+        if votes.write_failed:
             raise UsageError(self.backend.broadcast_object(files.error(), "checkpoint_write_error"))
-        if not busy:
+        if not votes.writing:
             files.say_written()
-        return stop_reason(usr1, term), timed > 0, busy > 0
+        return votes.stopped_by, votes.checkpoint_due > 0, votes.writing > 0
 
     def requeue_if_asked(self, stopped_by: str | None) -> None:
         """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop)."""
