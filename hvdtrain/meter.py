@@ -30,7 +30,6 @@ from hvdtrain.phases import PhaseClock
 from hvdtrain.test_hooks import injected_delay
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Votes:
     """What every rank adds to a step's reduction, by name: the stop signal it saw, whether rank
