@@ -304,7 +304,7 @@ def _check_trainer_args(framework: str, trainer_args: list[str]) -> None:
 
 
 def _check_doctor_args(doctor_args: list[str]) -> None:
-    from hvdtrain.doctor import build_parser as doctor_parser
+    from hvdtrain.doctor.cli import build_parser as doctor_parser
 
     def refuse(message):
         raise UsageError(f"doctor option: {message}")

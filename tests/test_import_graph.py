@@ -173,3 +173,51 @@ def test_the_readmes_own_loop_call_works_after_importing_hvdtrain_torch():
     code = "import hvdtrain.torch; print(callable(hvdtrain.torch.loop.start), callable(hvdtrain.torch.fit))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]
+
+
+def _defined_names(path: str) -> set[str]:
+    """What a module defines or imports at its top level (also under if/try), read with ast."""
+    names = set()
+    for node in ast.parse(open(path).read(), path).body:
+        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+            elif isinstance(sub, (ast.Assign, ast.AnnAssign)):
+                for target in sub.targets if isinstance(sub, ast.Assign) else [sub.target]:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_name_imported_from_hvdtrain_is_there():
+    """`from hvdtrain.x import name` anywhere (the package, tests, benchmarks, scripts, examples;
+    lazy imports too) and `python -m hvdtrain.x` in the code, scripts and docs name a module or a
+    name that exists: a module moved or split leaves no import that fails only when a job reaches it."""
+    import re
+
+    files = module_files()
+    missing = []
+    for top in ("hvdtrain", "tests", "benchmarks", "scripts", "torch_examples", "tf_examples"):
+        for directory, _, names in os.walk(os.path.join(REPO, top)):
+            for name in (n for n in names if n.endswith(".py")):
+                path = os.path.join(directory, name)
+                for node in ast.walk(ast.parse(open(path).read(), path)):
+                    if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith(PACKAGE):
+                        if node.module not in files:
+                            missing.append(f"{path}:{node.lineno}: no module {node.module}")
+                            continue
+                        defined = _defined_names(files[node.module])
+                        missing += [f"{path}:{node.lineno}: {node.module} has no {a.name}" for a in node.names
+                                    if a.name not in defined and f"{node.module}.{a.name}" not in files]
+    for top in ("hvdtrain", "scripts", "slurm", "docs", "README.md", "torch_examples", "tf_examples"):
+        paths = [os.path.join(REPO, top)] if top.endswith(".md") else \
+            [os.path.join(d, n) for d, _, ns in os.walk(os.path.join(REPO, top)) for n in ns
+             if n.endswith((".py", ".sh", ".md", ".sbatch"))]
+        for path in paths:
+            for module in set(re.findall(r"-m (hvdtrain(?:\.\w+)+)", open(path, errors="replace").read())):
+                if module not in files:
+                    missing.append(f"{path}: python -m {module}: no such module")
+                elif files[module].endswith("__init__.py") and f"{module}.__main__" not in files:
+                    missing.append(f"{path}: python -m {module}: a package without __main__")
+    assert not missing, "\n".join(missing)
