@@ -322,8 +322,8 @@ class ShardReader:
 
 def sizes_checked_here(environ=None) -> bool:
     """Whether this process checks every shard's size at its reader's start: the job's rank 0 only
-    (rank from the launcher's variables, hvdtrain/cluster.py). Every rank did: 1,143 stats each for
-    ImageNet, 293 k for a 256-rank job at every start and requeue, for the same answer. A problem
+    (rank from the launcher's variables, hvdtrain/cluster.py). On every rank it would be 1,143 stats
+    each for ImageNet, 293 k for a 256-rank job at every start and requeue, for the same answer. A problem
     ends rank 0 with its line and the launcher ends the rest; a damaged member is still caught on
     every rank at its read, by its CRC-32."""
     from hvdtrain.cluster import ClusterEnv

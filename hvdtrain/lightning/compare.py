@@ -131,8 +131,8 @@ def run_one(args) -> None:
                          callbacks=[make_probe(args.out, args.warmup_steps, threads_per_rank(args.threads, per_node))])
     trainer.fit(module, datamodule=data)
     if torch.distributed.is_initialized():
-        # DDP's process group ended here, not by the interpreter's exit, where its Gloo threads
-        # were once still joinable and a rank aborted ("terminate called without an active exception").
+        # DDP's process group ended here, not by the interpreter's exit, where its Gloo threads can
+        # still be joinable and a rank then aborts ("terminate called without an active exception").
         torch.distributed.destroy_process_group()
 
 

@@ -93,9 +93,9 @@ class TFData:
             return [permutation[r::size] for r in range(size)]
         if seen_before:
             return datasets.rest_of_epoch(orders, self.train_size, seen_before, world_size)[rank]
-        if self.sample_shards is not None:
+        if self.sample_shards is not None:  # this rank's alone: the others' shuffles are not needed
             return datasets.shard_blocked_order(self.sample_shards, seed, epoch, rank, world_size)
-        return np.random.default_rng([seed, epoch]).permutation(self.train_size)[rank::world_size]
+        return orders(world_size)[rank]
 
     def samples(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first n training samples (images as the model takes them, labels), for trying a
