@@ -87,16 +87,18 @@ def torch_settings(model=None, loader=None, amp=None, scaler=None) -> dict:
 def run_hvdtrain(settings_path: str, argv: list[str]) -> None:
     """python -m hvdtrain.torch ARGV, with its settings written to settings_path when the trainer
     finishes (from the trainer itself: its unwrapped model, its loader, its AMP scaler)."""
-    from hvdtrain.torch import data, train
+    from hvdtrain.torch import loader, train
 
     loaders = []
-    make_loader = data.train_loader
+    make_loader = loader.create_loader
 
-    def train_loader(*args, **kwargs):
-        loaders.append(make_loader(*args, **kwargs))
-        return loaders[-1]
+    def create_loader(plan, *args, **kwargs):
+        made = make_loader(plan, *args, **kwargs)
+        if plan.split == "train":
+            loaders.append(made)
+        return made
 
-    data.train_loader = train_loader  # backends call data.train_loader(...) each epoch
+    loader.create_loader = create_loader  # the trainer calls loader.create_loader(...) each epoch
     finish = train.Trainer.finish
 
     def finish_and_record(self, *args, **kwargs):

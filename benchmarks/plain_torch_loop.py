@@ -6,7 +6,7 @@
 What a user would write without hvdtrain, fed exactly as hvdtrain.torch is fed, so that the ratio
 hvdtrain / this loop measures hvdtrain alone (scripts/gpu-check.sh):
 - the data: hvdtrain's synthetic Dataset through hvdtrain's own train loader
-  (hvdtrain.torch.data.train_loader, one rank): same samples, batch, sampler, workers and pinned
+  (hvdtrain.torch.loader's plan and create_loader, one rank): same samples, batch, sampler, workers and pinned
   memory, a new loader each epoch; each batch copied to the device with non_blocking=True;
 - the model: torchvision's, built as hvdtrain builds it (weights=None, 1000 classes, seeded);
 - the options hvdtrain.torch takes, with its choices: --channels-last {auto,on,off} (auto: on
@@ -34,7 +34,7 @@ import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # hvdtrain from this checkout
 from hvdtrain.config import TrainConfig  # noqa: E402
-from hvdtrain.torch import data  # noqa: E402
+from hvdtrain.torch import data, loader as make_loader  # noqa: E402
 from hvdtrain.torch.models import CHANNELS_LAST_MODELS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +90,7 @@ def main(argv=None):
     cfg = TrainConfig(model=a.model, dataset="synthetic", batch_size=a.batch_size, image_size=a.image_size,
                       synthetic_size=a.synthetic_size, num_workers=a.num_workers)
     train_ds, _, _, num_classes, _ = data.build_datasets(cfg)
+    plan = make_loader.plan_loader(cfg, train_ds, "train", device)
 
     torch.manual_seed(cfg.seed)
     model = getattr(torchvision.models, a.model)(weights=None, num_classes=num_classes).to(device)
@@ -112,7 +113,7 @@ def main(argv=None):
     for epoch in range(a.epochs):
         if done == total:
             break
-        loader = data.train_loader(train_ds, cfg, 0, 1, epoch, 0)
+        loader = make_loader.create_loader(plan, train_ds, 0, 1, epoch)
         start = None
         for i, (x, y) in enumerate(loader):
             if i == steps_per_epoch or done == total:

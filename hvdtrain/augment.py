@@ -22,9 +22,7 @@ side, which is what a decoder that crops first (TensorFlow's decode_and_crop_jpe
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -112,23 +110,3 @@ def val_window(height: int, width: int, size: int) -> Window:
     """Validation's centre crop, in the original image's pixels (see the module's docstring)."""
     side = max(1, min(height, width, int(round(size * min(height, width) / int(size * VAL_RESIZE)))))
     return Window((height - side) // 2, (width - side) // 2, side, side)
-
-
-# The sample a dataset is reading now, per thread: set by the torch trainer's SeededSamples around
-# a sample's read, so that the transform it calls (images.TrainCrop) knows which sample it crops.
-_reading = threading.local()
-
-
-@contextlib.contextmanager
-def reading_sample(seed: int, epoch: int, index: int):
-    previous = getattr(_reading, "key", None)
-    _reading.key = (seed, epoch, index)
-    try:
-        yield
-    finally:
-        _reading.key = previous
-
-
-def current_sample() -> tuple[int, int, int] | None:
-    """(seed, epoch, index) of the sample being read on this thread, or None."""
-    return getattr(_reading, "key", None)

@@ -204,6 +204,10 @@ class EpochTrainer(abc.ABC):
         """What the start's log line adds about the loop (after the launcher)."""
         return ""
 
+    def _input_lines(self) -> list[str]:
+        """The start's lines about how the batches are made (the torch trainer's loader plans)."""
+        return []
+
     # ------------------------------------------------------------------ hooks: the run
     @abc.abstractmethod
     def _train_epoch(self) -> tuple[dict, str | None]:
@@ -327,6 +331,8 @@ class EpochTrainer(abc.ABC):
         self.reporter.info(f"config: { {k: v for k, v in cfg.to_dict().items() if k not in others} }")
         self.reporter.info(f"recipe: {recipes.describe(cfg)}")
         self.reporter.info(f"backend: {self.backend.describe()}")
+        for line in self._input_lines():
+            self.reporter.info(line)
         heard = {rank: addresses for rank, addresses in self.listeners.items() if addresses}
         if self.network and not heard:
             self.reporter.info(f"every rank on this host: {self.network} (no listener beyond loopback)")

@@ -292,7 +292,6 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
     decoders' and resize filters' differences, far closer than to another sample's crop."""
     from PIL import Image
 
-    from hvdtrain import augment
     from hvdtrain.torch import images
 
     paths = []
@@ -310,8 +309,7 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
     torch_out = {"train": [], "val": []}
     for i, path in enumerate(paths):
         decoded = images.load_file(path)
-        with augment.reading_sample(42, 3, i):
-            torch_out["train"].append(images.train_augment(64)(decoded))
+        torch_out["train"].append(images.train_augment(64)(decoded, (42, 3, i)))
         torch_out["val"].append(images.val_augment(64)(decoded))
     for split in torch_out:
         torch_out[split] = [images.to_model_input(x[None], images.IMAGENET_NORMALIZATION)[0].numpy()
@@ -333,8 +331,7 @@ def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
                 # The same image's crop under another sample's window (training), or the whole
                 # image squashed (validation: what TensorFlow did before): far off.
                 if split == "train":
-                    with augment.reading_sample(42, 3, i + 10):
-                        wrong = images.train_augment(64)(images.load_file(paths[i]))
+                    wrong = images.train_augment(64)(images.load_file(paths[i]), (42, 3, i + 10))
                 else:
                     from torchvision.transforms import v2
                     wrong = v2.Resize([64, 64], antialias=True)(images.load_file(paths[i]))

@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.datasets import BadSample
-from hvdtrain.torch import data
+import loaders
+from hvdtrain.torch import loader
 from hvdtrain.torch.feeder import DeviceFeeder
 
 
@@ -77,17 +78,19 @@ class RandomDataset(Dataset):
 
 
 def test_only_loaders_that_draw_no_random_numbers_on_the_main_process_are_threaded():
-    cfg = TrainConfig(batch_size=2, num_workers=2)
-    in_memory = data.train_loader(TensorDataset(torch.zeros(8, 2), torch.zeros(8)), cfg, 0, 1, 0, 0)
-    per_sample = data.train_loader(RandomDataset(), TrainConfig(batch_size=2, num_workers=0), 0, 1, 0, 0)
-    with_workers = DataLoader(RandomDataset(), batch_size=2, num_workers=2)
-    assert data.feeds_on_thread(in_memory) and data.feeds_on_thread(with_workers)
-    assert not data.feeds_on_thread(per_sample)
+    cfg, alone = TrainConfig(batch_size=2, num_workers=2), TrainConfig(batch_size=2, num_workers=0)
+    in_memory = loader.plan_loader(cfg, TensorDataset(torch.zeros(8, 2), torch.zeros(8)), "train")
+    with_workers = loader.plan_loader(cfg, RandomDataset(), "train")
+    per_sample = loader.plan_loader(alone, RandomDataset(), "train")
+    assert in_memory.feeder_thread and in_memory.gathered and with_workers.feeder_thread
+    assert not per_sample.feeder_thread
+    assert not loader.plan_loader(cfg, RandomDataset(), "train", feeder=False).feeder_thread  # the caller's no
     # Fed on the main thread, the dataset's draws follow the caller's seed as without a feeder.
+    batches = loaders.train_loader(RandomDataset(), alone, 0, 1, 0, 0)
     torch.manual_seed(0)
-    plain = [x for x, _ in per_sample]
+    plain = [x for x, _ in batches]
     torch.manual_seed(0)
-    fed = [x for x, _ in DeviceFeeder(per_sample, "cpu", threaded=data.feeds_on_thread(per_sample))]
+    fed = [x for x, _ in DeviceFeeder(batches, "cpu", threaded=per_sample.feeder_thread)]
     assert all(torch.equal(a, b) for a, b in zip(plain, fed))
 
 

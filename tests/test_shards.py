@@ -260,8 +260,8 @@ def test_the_index_is_memory_mapped_and_not_pickled_into_workers(folder, tmp_pat
 
 
 def test_the_torch_loader_reads_shards_in_the_shard_blocked_order(folder, tmp_path):
-    from types import SimpleNamespace
-
+    import loaders
+    from hvdtrain.config import TrainConfig
     from hvdtrain.datasets import shard_blocked_order
     from hvdtrain.torch import data, images
 
@@ -269,11 +269,11 @@ def test_the_torch_loader_reads_shards_in_the_shard_blocked_order(folder, tmp_pa
     shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.002, progress=False)
     train = data.SeededSamples(images.ShardImages(out, "train", images.train_augment(16)), 3)
     assert len(set(train.dataset.sample_shards.tolist())) > 8  # several shards
-    cfg = SimpleNamespace(seed=3, batch_size=4, batches_per_allreduce=1, num_workers=0)
-    batches = data.rank_batches(train, cfg, 1, 3, 2)
+    cfg = TrainConfig(seed=3, batch_size=4, batches_per_allreduce=1, num_workers=0)
+    batches = loaders.rank_batches(train, cfg, 1, 3, 2)
     expected = shard_blocked_order(train.dataset.sample_shards, 3, 2, 1, 3)
     assert [i for b in batches for i in b] == expected[:len(batches) * 4].tolist()
-    labels = [int(y) for _, ys in data.train_loader(train, cfg, 1, 3, 2, 0) for y in ys]
+    labels = [int(y) for _, ys in loaders.train_loader(train, cfg, 1, 3, 2, 0) for y in ys]
     assert labels == [int(train.dataset.reader.labels[i]) for b in batches for i in b]
 
 
@@ -281,28 +281,31 @@ def test_on_a_cpu_the_decode_workers_normalise_what_the_step_would_have(folder, 
     from torch.utils.data import TensorDataset, default_collate
 
     from hvdtrain.config import TrainConfig
-    from hvdtrain.torch import data, images
+    from hvdtrain.torch import data, images, loader
 
     out = str(tmp_path / "shards")
     shards.write(out, *shards.imagefolder_sources(folder), shard_mb=0.01, progress=False)
     cfg = TrainConfig(num_workers=1, batch_size=4)
-    for made in (lambda: data.SeededSamples(images.ShardImages(out, "train", images.val_augment(16)), 0),
-                 lambda: data.SeededSamples(images.image_folder(f"{folder}/train", images.val_augment(16)), 0)):
-        uint8, floats = made(), made()
-        assert images.normalize_in_workers(floats) and not images.normalize_in_workers(floats)  # once
-        assert images.normalized_in_workers(floats) and not images.normalized_in_workers(uint8)
-        assert images.worker_collate(uint8) is None
+    for dataset in (data.SeededSamples(images.ShardImages(out, "train", images.val_augment(16)), 0),
+                    data.SeededSamples(images.image_folder(f"{folder}/train", images.val_augment(16)), 0)):
+        plan = loader.plan_loader(cfg, dataset, "train", "cpu")
+        assert plan.normalised_in == "decode workers" and plan.source == "image files"
+        assert "normalised in decode workers" in plan.describe() and "1 worker(s)" in plan.describe()
+        # Where the device is not the CPU, or no worker decodes: the device normalises.
+        assert loader.plan_loader(cfg, dataset, "train", "meta").normalised_in == "device"
+        alone = loader.plan_loader(TrainConfig(num_workers=0, batch_size=4), dataset, "train", "cpu")
+        assert alone.normalised_in == "device"
         # The workers' collate function: received with the dataset by the loader's workers.
-        collate = pickle.loads(pickle.dumps(data._loader(floats, cfg, batch_size=4).collate_fn))
+        collate = pickle.loads(pickle.dumps(loader._dataloader(None, dataset, plan, batch_size=4).collate_fn))
         assert isinstance(collate, images.NormalizedBatches)
-        samples = [uint8[i] for i in range(4)]
+        samples = [dataset[i] for i in range(4)]
         x, y = default_collate(samples)
         xf, yf = collate(samples)
         assert x.dtype == torch.uint8 and xf.dtype == torch.float32 and torch.equal(y, yf)
-        on_device = images.to_model_input(x, data.input_normalization(uint8))
+        on_device = images.to_model_input(x, plan.normalization)
         assert torch.allclose(xf, on_device) and torch.equal(images.to_model_input(xf, (0, 1)), xf)
     users = TensorDataset(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4))
-    assert not images.normalize_in_workers(users)  # a user's dataset is theirs
+    assert loader.plan_loader(cfg, users, "train", "cpu").normalised_in == "as given"  # a user's dataset is theirs
     passed = images.NormalizedBatches(images.IMAGENET_NORMALIZATION)([(torch.ones(2), 1)])  # not an image: unchanged
     assert torch.equal(passed[0], torch.ones(1, 2))
 

@@ -3,8 +3,9 @@ rank exactly DDP's batches, the way Accelerate itself shards it."""
 import pytest
 import torch
 
+import loaders
 from hvdtrain.config import TrainConfig
-from hvdtrain.torch import data
+from hvdtrain.torch import data, loader
 
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 
@@ -15,12 +16,12 @@ def test_interleaved_loader_sharded_by_accelerate_gives_each_rank_its_ddp_batche
     dataset = data.ArrayDataset(torch.arange(103, dtype=torch.float32).reshape(103, 1).numpy(),
                                 torch.zeros(103, dtype=torch.int64).numpy())
     for epoch in (0, 1):
-        everyone = data.interleaved_train_loader(dataset, cfg, world_size, epoch, skip).batch_sampler
+        everyone = loaders.interleaved_train_loader(dataset, cfg, world_size, epoch, skip).batch_sampler
         for rank in range(world_size):
             # Accelerate's own sharding of a batch sampler: batch k to rank k mod N.
             shard = list(accelerate_data_loader.BatchSamplerShard(everyone, num_processes=world_size,
                                                                   process_index=rank))
-            ddp = [x[:, 0].long().tolist() for x, _ in data.train_loader(dataset, cfg, rank, world_size, epoch, skip)]
+            ddp = [x[:, 0].long().tolist() for x, _ in loaders.train_loader(dataset, cfg, rank, world_size, epoch, skip)]
             assert shard == ddp and len(ddp) == 103 // world_size // 4 - skip, (rank, epoch)
 
 
@@ -34,15 +35,15 @@ def test_in_memory_batches_are_gathered_whole_and_equal_the_per_sample_batches(m
     tensors = torch.utils.data.TensorDataset(torch.randn(30, 5), torch.arange(30) % 4, torch.rand(30) > 0.5)
     for dataset in (array, tensors, torch.utils.data.Subset(array, [29, 3, 8, 15, 22, 7, 1, 0, 9])):
         expected = [torch.utils.data.default_collate([dataset[i] for i in batch])
-                    for batch in data.interleaved_train_loader(dataset, cfg, 1, 0, 0).batch_sampler]
+                    for batch in loaders.interleaved_train_loader(dataset, cfg, 1, 0, 0).batch_sampler]
         calls = []
         monkeypatch.setattr(type(dataset), "__getitem__", lambda self, i: calls.append(i))
-        got = list(data.interleaved_train_loader(dataset, cfg, 1, 0, 0))
+        got = list(loaders.interleaved_train_loader(dataset, cfg, 1, 0, 0))
         monkeypatch.undo()
         assert calls == [] and len(got) == len(expected) > 0
         for g, e in zip(got, expected):
             assert len(g) == len(e) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(g, e))
-    val = [b for b in data.val_loader(array, cfg, 1, 2)]
+    val = [b for b in loaders.val_loader(array, cfg, 1, 2)]
     assert torch.equal(torch.cat([y for _, y in val]), torch.arange(15, 30))
     assert torch.equal(torch.cat([x for x, _ in val]), images[torch.arange(15, 30) % 7])
 
@@ -59,17 +60,17 @@ def test_datasets_that_may_change_their_samples_are_read_a_sample_at_a_time():
             return x * 2, y
 
     doubled = Doubled(torch.ones(12, 3), torch.arange(12))
-    assert all(torch.equal(x, torch.full((4, 3), 2.0)) for x, _ in data.interleaved_train_loader(doubled, cfg, 1, 0, 0))
+    assert all(torch.equal(x, torch.full((4, 3), 2.0)) for x, _ in loaders.interleaved_train_loader(doubled, cfg, 1, 0, 0))
     features = torch.utils.data.TensorDataset(torch.randn(12, 3, requires_grad=True), torch.arange(12))
     features.classes = ["a", "b"]
-    loader = data.interleaved_train_loader(features, cfg, 1, 0, 0)
-    assert len(list(loader)) == 3 and loader.dataset.classes == ["a", "b"]
+    made = loaders.interleaved_train_loader(features, cfg, 1, 0, 0)
+    assert len(list(made)) == 3 and made.dataset.classes == ["a", "b"]
 
 
 def test_normalisation_constants_are_made_once_per_device():
-    """Issue 46: to_model_input built mean and std at every batch, on a GPU each a blocking copy
-    from pageable memory (a host wait where it runs on the compute stream). Made once now; the
-    result is still (x / 255 - mean) / std and the uint8 batch is left as it was."""
+    """to_model_input's mean and std are made once per device: made at every batch, on a GPU each
+    was a blocking copy from pageable memory (a host wait where it runs on the compute stream).
+    The result is (x / 255 - mean) / std and the uint8 batch is left as it was."""
     from hvdtrain.torch import images
 
     normalization = images.IMAGENET_NORMALIZATION
@@ -86,19 +87,22 @@ def test_normalisation_constants_are_made_once_per_device():
     assert torch.equal(images.to_model_input(x.float(), normalization), x.float())
 
 
-def test_tensors_already_on_a_device_are_not_pinned():
-    """Issue 46: a user's TensorDataset of GPU tensors met pin_memory=True ("cannot pin
+def test_tensors_already_on_a_device_are_not_pinned(monkeypatch):
+    """A user's TensorDataset of GPU tensors met pin_memory=True ("cannot pin
     'torch.cuda.FloatTensor'"). Tensors off the host (meta tensors stand in for the GPU's here)
-    get a loader that does not pin; host tensors keep the pinned gather."""
+    get a loader that does not pin, where CUDA would pin; host tensors keep the pinned gather."""
     from torch.utils.data import Subset, TensorDataset
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = TrainConfig(batch_size=2, num_workers=0)
     on_device = TensorDataset(torch.empty(4, 3, device="meta"), torch.empty(4, dtype=torch.int64, device="meta"))
-    assert data._device_columns(on_device) and data._device_columns(Subset(on_device, [0, 1]))
-    assert data._loader(on_device, cfg, batch_size=2, pin_memory=True).pin_memory is False
+    assert loader._device_columns(on_device) and loader._device_columns(Subset(on_device, [0, 1]))
+    plan = loader.plan_loader(cfg, on_device, "train")
+    assert not plan.pin_memory and loader._dataloader(None, on_device, plan, batch_size=2).pin_memory is False
     on_host = TensorDataset(torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64))
-    assert not data._device_columns(on_host)
-    assert data._loader(on_host, cfg, batch_size=2, pin_memory=True).pin_memory is True
+    assert not loader._device_columns(on_host)
+    plan = loader.plan_loader(cfg, on_host, "train")
+    assert plan.pin_memory and loader._dataloader(None, on_host, plan, batch_size=2).pin_memory is True
 
 
 def _trained(batches, steps: int) -> list[int]:
@@ -121,7 +125,7 @@ def test_a_resize_in_the_middle_of_an_epoch_trains_the_rest_exactly_once(in_shar
         dataset.sample_shards = torch.arange(n).numpy() // 10  # 21 shards of 10 samples (the last 3)
 
     def batches(world, seen_before=()):
-        return [data.rank_batches(dataset, cfg, r, world, 1, seen_before) for r in range(world)]
+        return [loaders.rank_batches(dataset, cfg, r, world, 1, seen_before) for r in range(world)]
     first = [_trained(b, 7) for b in batches(2)]  # 2 x 7 x 4 = 56 samples
     at = ckpt.Position(1, 7, 7 + n // 2 // 4)
     cfg3 = TrainConfig(**{**cfg.__dict__, "world_size": 3})
@@ -133,7 +137,7 @@ def test_a_resize_in_the_middle_of_an_epoch_trains_the_rest_exactly_once(in_shar
     trained = sum(first, []) + sum((_trained(b, steps) for b in rest), [])
     assert len(trained) == len(set(trained)) and n - len(trained) < 3 * 4, (len(trained), len(set(trained)))
     # The loader a resumed rank builds skips into that order, not into the plain one.
-    resumed = [x[:, 0].long().tolist() for x, _ in data.train_loader(dataset, cfg, 2, 3, 1, 1, moved.seen_before)]
+    resumed = [x[:, 0].long().tolist() for x, _ in loaders.train_loader(dataset, cfg, 2, 3, 1, 1, moved.seen_before)]
     assert resumed == rest[2][1:]
     # Two steps at 3 ranks, then back to 2: the rest of the rest.
     later = ckpt.Position(1, moved.step_in_epoch + 2, moved.global_step + 2, (), moved.seen_before, moved.order_start)

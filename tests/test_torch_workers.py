@@ -16,8 +16,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+import loaders
 from hvdtrain.config import TrainConfig
-from hvdtrain.torch import data
+from hvdtrain.torch import data, loader
 
 STOP_BITS = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGUSR1 - 1))
 
@@ -45,9 +46,9 @@ def signal_masks(pid: int) -> dict[str, int]:
 
 @pytest.fixture(autouse=True)
 def no_kept_workers():
-    """Each test's kept loaders (data._kept_loader) end with it."""
+    """Each test's kept loaders (hvdtrain/torch/loader.py) end with it."""
     yield
-    data.close_loaders()
+    loader.close_loaders()
 
 
 class SeededNoise(Dataset):
@@ -66,16 +67,15 @@ def test_workers_are_kept_across_epochs_and_augment_each_epoch_as_fresh_workers_
     copy of the dataset): the same draws as the main process without workers."""
     def epochs(workers):
         dataset, cfg = data.SeededSamples(SeededNoise(), seed=3), config(workers)
-        loaders, seen = [], []
+        made, seen = [], []
         for epoch in (0, 1):
-            loader = data.train_loader(dataset, cfg, 0, 1, epoch=epoch, skip_batches=1 if epoch else 0)
-            loaders.append(loader)
-            seen.append(torch.cat([x for x, _ in loader]))
-        return loaders, seen
+            made.append(loaders.train_loader(dataset, cfg, 0, 1, epoch=epoch, skip_batches=1 if epoch else 0))
+            seen.append(torch.cat([x for x, _ in made[-1]]))
+        return made, seen
 
-    loaders, kept = epochs(workers=2)
+    made, kept = epochs(workers=2)
     _, plain = epochs(workers=0)
-    assert loaders[0] is loaders[1] and loaders[0].persistent_workers
+    assert made[0] is made[1] and made[0].persistent_workers
     assert {float(p) for p in kept[0][:, 1]} == {float(p) for p in kept[1][:, 1]}, "workers were started again"
     assert len({float(p) for p in kept[1][:, 1]}) == 2 and os.getpid() not in set(kept[1][:, 1].tolist())
     assert len(kept[1]) == 6  # epoch 1 resumed after its first batch (skip_batches=1)
@@ -83,9 +83,9 @@ def test_workers_are_kept_across_epochs_and_augment_each_epoch_as_fresh_workers_
         assert torch.equal(kept[epoch][:, 0], plain[epoch][:, 0]), epoch
     assert not torch.equal(kept[0][2:, 0], kept[1][:, 0])  # and epoch 1 is not epoch 0 again
 
-    val = [data.val_loader(ProcessProbe(), config(workers=2), 0, 1)] * 2
+    val = [loaders.val_loader(ProcessProbe(), config(workers=2), 0, 1)] * 2
     probe = ProcessProbe()
-    passes = [data.val_loader(probe, config(workers=2), 0, 1) for _ in range(2)]
+    passes = [loaders.val_loader(probe, config(workers=2), 0, 1) for _ in range(2)]
     assert passes[0] is passes[1] and val[0] is not passes[0]
     pids = [{int(p) for p in torch.cat(list(loader))[:, 0]} for loader in passes]
     assert pids[0] == pids[1] and len(pids[0]) == 2
@@ -116,15 +116,15 @@ def test_kept_workers_end_with_the_rank_even_mid_epoch_and_busy(end):
     script = textwrap.dedent(f"""
         import os, sys, time, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from hvdtrain.torch import data
+        import loaders
+        from hvdtrain.torch import loader
         from test_torch_workers import SlowSample, config
-        loader = data.train_loader(SlowSample(), config(workers=2), 0, 1, epoch=0, skip_batches=0)
-        it = iter(loader)
+        it = iter(loaders.train_loader(SlowSample(), config(workers=2), 0, 1, epoch=0, skip_batches=0))
         next(it)
         print(*[w.pid for w in it._workers], flush=True)
         time.sleep(0.5)
         if {end!r} == "close":
-            data.close_loaders()
+            loader.close_loaders()
             print("closed", flush=True)
         if {end!r} == "another loader":
             from torch.utils.data import DataLoader
@@ -153,14 +153,13 @@ def test_kept_workers_end_with_the_rank_even_mid_epoch_and_busy(end):
 def test_in_memory_data_starts_no_worker_in_training_or_validation():
     digits = data.ArrayDataset(torch.zeros(20, 1).numpy(), torch.zeros(20, dtype=torch.int64).numpy())
     cfg = config(workers=2)
-    assert data.train_loader(digits, cfg, 0, 2, epoch=0, skip_batches=0).num_workers == 0
-    assert data.val_loader(digits, cfg, 1, 2).num_workers == 0  # a Subset of the arrays
-    assert data.val_loader(ProcessProbe(), cfg, 1, 2).num_workers == 2  # files: workers as asked
+    assert loaders.train_loader(digits, cfg, 0, 2, epoch=0, skip_batches=0).num_workers == 0
+    assert loaders.val_loader(digits, cfg, 1, 2).num_workers == 0  # a Subset of the arrays
+    assert loaders.val_loader(ProcessProbe(), cfg, 1, 2).num_workers == 2  # files: workers as asked
 
 
 def test_workers_are_forked_by_the_forkserver_with_stop_signals_blocked_then_ignored():
-    loader = data.val_loader(ProcessProbe(), config(workers=2), 0, 1)
-    seen = torch.cat(list(loader))
+    seen = torch.cat(list(loaders.val_loader(ProcessProbe(), config(workers=2), 0, 1)))
     server = forkserver._forkserver._forkserver_pid
     worker_pids = {int(p) for p in seen[:, 0]}
     assert os.getpid() not in worker_pids and len(worker_pids) == 2, worker_pids
@@ -180,9 +179,9 @@ def test_workers_ignore_stop_signals_and_end_with_the_process_that_started_them(
         import os, sys, time, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from multiprocessing import forkserver
-        from hvdtrain.torch import data
+        import loaders
         from test_torch_workers import ProcessProbe, config
-        it = iter(data.val_loader(ProcessProbe(), config(workers=2), 0, 1))
+        it = iter(loaders.val_loader(ProcessProbe(), config(workers=2), 0, 1))
         first, second = next(it), next(it)  # one batch from each worker: both have started
         print(forkserver._forkserver._forkserver_pid, *[w.pid for w in it._workers], flush=True)
         time.sleep(120)

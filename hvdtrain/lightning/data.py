@@ -8,9 +8,9 @@ write`), read as `python -m hvdtrain.torch` reads them (hvdtrain/torch/data.py):
 uint8 by libjpeg-turbo in the decode workers (the rank's cores less one by default), the one crop
 rule of every framework (a function of seed, epoch and sample), each rank its share of each
 epoch (a few shards per rank from shards), every validation image on exactly one rank, workers
-kept across epochs. Batches arrive uint8 and are made normalised floats on the device
-(`on_after_batch_transfer`), as timm's loader and hvdtrain's trainer do: the host never builds
-float images.
+kept across epochs (hvdtrain/torch/loader.py, as the trainer's). On a GPU batches arrive uint8 and
+are made normalised floats on the device (`on_after_batch_transfer`), as timm's loader does: the
+host never builds float images; where the CPU trains, the decode workers normalise them.
 
 The loaders are hvdtrain's, not plain DataLoaders, so Lightning leaves their sampling alone (no
 DistributedSampler injected); they follow `trainer.current_epoch`. Validation shards differ by at
@@ -28,7 +28,7 @@ from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import decode_workers, threads_per_rank
-from hvdtrain.torch import data as torch_data, images
+from hvdtrain.torch import data as torch_data, images, loader
 
 
 def data_kind(data_dir: str) -> str:
@@ -48,10 +48,9 @@ class _EpochLoader:
         m, trainer = self.module, self.module.trainer
         epoch = trainer.current_epoch if self.split == "train" else 0
         if self._made[0] != epoch:  # the epoch's order once (a permutation of 1.28 M samples), not per call
-            rank, world = trainer.global_rank, trainer.world_size
-            loader = (torch_data.val_loader(m.val_set, m.cfg, rank, world) if self.split == "val" else
-                      torch_data.train_loader(m.train_set, m.cfg, rank, world, epoch, 0))
-            self._made = (epoch, loader)
+            dataset = m.train_set if self.split == "train" else m.val_set
+            plan = loader.plan_loader(m.cfg, dataset, self.split, trainer.strategy.root_device)
+            self._made = (epoch, loader.create_loader(plan, dataset, trainer.global_rank, trainer.world_size, epoch))
         return self._made[1]
 
     def __len__(self):
@@ -93,4 +92,4 @@ class ImageDataModule(pl.LightningDataModule):
 
     def teardown(self, stage: str | None = None) -> None:
         if stage == "fit":
-            torch_data.close_loaders()  # the workers kept across epochs end with the run
+            loader.close_loaders()  # the workers kept across epochs end with the run

@@ -3,8 +3,8 @@ backend of hvdtrain/backends.py for torch subclasses `TorchBackend`.
 
 Abstract methods are how a backend communicates and must be written by each; the others are
 optional capabilities whose default, here, is what Horovod and DDP do. A backend that differs
-overrides them (Accelerate: its own loaders, backward and metric gathering; Lightning: its own
-loop, `owns_loop = True`). The trainer never asks whether a backend has a method.
+overrides them (Accelerate: its sharding of the loaders, backward and metric gathering; Lightning:
+its own loop, `owns_loop = True`). The trainer never asks whether a backend has a method.
 
     b.wrap_model(model, device); b.wrap_optimizer(optimizer, model, cfg); b.broadcast_state(...)
     for each step: with b.no_sync(...): b.backward(loss); b.finish_gradients(opt); b.step(opt, scaler)
@@ -18,7 +18,6 @@ from typing import ClassVar
 import numpy as np
 
 from hvdtrain.collectives import Collectives
-from hvdtrain.torch import data
 
 
 class TorchBackend(Collectives):
@@ -30,6 +29,10 @@ class TorchBackend(Collectives):
     # (hvdtrain/torch/feeder.py). False where the backend reads its loader's progress while the
     # loop runs (Accelerate: gather_for_metrics drops the padding once its loader says it ended).
     loaders_read_ahead: ClassVar[bool] = True
+    # How the loaders share the batches among the ranks (hvdtrain/torch/loader.py): "per rank",
+    # each rank its own; "interleaved", every rank's batches in one loader that adopt_loader
+    # hands to a library sharding by batches.
+    loader_sharding: ClassVar[str] = "per rank"
 
     # ------------------------------------------------------------------ set-up
     @abc.abstractmethod
@@ -72,14 +75,9 @@ class TorchBackend(Collectives):
             scaler.update()
 
     # ------------------------------------------------------------------ data and metrics
-    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int, seen_before: tuple = ()):
-        """This rank's batches of `epoch`, the first `skip_batches` of its order left out (a
-        resume); after a resize in the epoch, its order of the samples not yet seen (seen_before)."""
-        return data.train_loader(dataset, cfg, self.rank, self.world_size, epoch, skip_batches, seen_before)
-
-    def val_loader(self, dataset, cfg):
-        """This rank's validation batches: an exact shard, every sample on one rank only."""
-        return data.val_loader(dataset, cfg, self.rank, self.world_size)
+    def adopt_loader(self, loader):
+        """The loader the loop iterates, from hvdtrain's (hvdtrain/torch/loader.py): itself by default."""
+        return loader
 
     def gather_for_metrics(self, tensors):
         """The per-sample validation figures this rank sums: its own batch's, by default."""

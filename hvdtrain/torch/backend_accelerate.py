@@ -5,8 +5,8 @@ an `Accelerator`, `prepare` of the model, the optimizer and the data loaders,
 
 Two things differ from a stand-alone script, both for a fair comparison: the rendezvous comes from
 the launcher (mpirun, srun or torchrun) as for DDP, instead of `accelerate launch`; and the
-training loader handed to `prepare` lists every rank's batches interleaved (hvdtrain/torch/data.py
-`interleaved_train_loader`), so that Accelerate's sharding (batch k to rank k mod N) gives each
+training loader handed to `prepare` lists every rank's batches interleaved (hvdtrain/torch/loader.py,
+`loader_sharding = "interleaved"`), so that Accelerate's sharding (batch k to rank k mod N) gives each
 rank exactly the batches DDP and Horovod see, and the report's parity check applies. --amp is the
 trainer's autocast and GradScaler around Accelerate's model and optimizer, as for DDP (Accelerate's
 own `mixed_precision` does the same on a GPU, and refuses fp16 on a CPU). An optional dependency
@@ -19,7 +19,7 @@ import contextlib
 import torch
 
 from hvdtrain.errors import UsageError
-from hvdtrain.torch import data
+from hvdtrain.torch import loader as loader_module
 from hvdtrain.torch.torch_distributed import TorchDistributedBackend, import_optional
 
 
@@ -29,6 +29,7 @@ class AccelerateBackend(TorchDistributedBackend):
     # batch, and gather_for_metrics then drops the padding: read ahead, the end would be marked
     # a batch or two early (seen: 19 validation samples counted of 20).
     loaders_read_ahead = False
+    loader_sharding = "interleaved"
 
     def __init__(self, cfg):
         accelerate = import_optional("accelerate", "accelerate", "Hugging Face Accelerate")
@@ -53,15 +54,12 @@ class AccelerateBackend(TorchDistributedBackend):
     def wrap_optimizer(self, optimizer, model, cfg):
         return self.accelerator.prepare_optimizer(optimizer)
 
-    def train_loader(self, dataset, cfg, epoch: int, skip_batches: int, seen_before: tuple = ()):
-        return self.accelerator.prepare_data_loader(
-            data.interleaved_train_loader(dataset, cfg, self.world_size, epoch, skip_batches, seen_before))
-
-    def val_loader(self, dataset, cfg):
-        # The whole set, sharded by Accelerate; it pads the last batches so that every rank has as
-        # many, and gather_for_metrics drops the padding again.
-        # Built once; Accelerate's copy keeps its workers across passes, ended with ours.
-        return data.close_with_kept(self.accelerator.prepare_data_loader(data.val_loader(dataset, cfg, 0, 1)))
+    def adopt_loader(self, loader):
+        # Training: every rank's batches interleaved, which Accelerate shards back. Validation:
+        # the whole set, sharded by Accelerate; it pads the last batches so that every rank has
+        # as many, and gather_for_metrics drops the padding again. A copy of a loader whose
+        # workers are kept keeps them too, ended with hvdtrain's.
+        return loader_module.close_with_kept(self.accelerator.prepare_data_loader(loader))
 
     def gather_for_metrics(self, tensors):
         return self.accelerator.gather_for_metrics(tensors)

@@ -90,32 +90,17 @@ def pipeline(train: bool, size: int, batch_size: int, threads: int, device: torc
     return _PIPELINES[key]
 
 
-def train_loader(dataset, cfg, rank: int, world_size: int, epoch: int, skip_batches: int, device,
-                 seen_before: tuple = ()) -> "DaliLoader":
-    """This rank's batches of `epoch`, as the torch loader's (data.rank_batches), decoded by DALI."""
-    batches = data.rank_batches(dataset, cfg, rank, world_size, epoch, seen_before)[skip_batches:]
-    return DaliLoader(dataset, batches, train=True, epoch=epoch, size=cfg.image_size, threads=cfg.num_workers,
-                      device=device)
-
-
-def val_loader(dataset, cfg, rank: int, world_size: int, device) -> "DaliLoader":
-    """This rank's exact validation shard: every sample on one rank, the last batch short."""
-    shard = list(datasets.exact_shard(len(dataset), rank, world_size))
-    batches = [shard[i:i + cfg.batch_size] for i in range(0, len(shard), cfg.batch_size)]
-    return DaliLoader(dataset, batches, train=False, epoch=0, size=cfg.image_size, threads=cfg.num_workers,
-                      device=device)
-
-
 class DaliLoader:
-    """(x, y) batches on the device for the given batches of sample indices: x float32 CHW,
+    """(x, y) batches on the device for the given batches of sample indices (the torch loader's:
+    hvdtrain/torch/loader.py makes this loader for a plan whose decoder is DALI): x float32 CHW,
     normalised; y int64. Iterated from one thread at a time (the feeder's)."""
 
-    def __init__(self, dataset, batches: list[list[int]], *, train: bool, epoch: int, size: int, threads: int,
-                 device: torch.device):
-        self.source, self.batches, self.train, self.epoch = EncodedImages(dataset), batches, train, epoch
-        self.device = device
+    def __init__(self, dataset, batches: list[list[int]], plan, epoch: int):
+        self.train = plan.split == "train"
+        self.source, self.batches, self.epoch = EncodedImages(dataset), batches, epoch
+        self.device = torch.device(plan.device)
         longest = max((len(b) for b in batches), default=1)
-        self.pipe = pipeline(train, size, longest, threads, device)
+        self.pipe = pipeline(self.train, plan.image_size, longest, plan.workers, self.device)
 
     def __len__(self):
         return len(self.batches)

@@ -22,6 +22,7 @@ error raised while reading (a bad sample) is raised in the main thread at the ba
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -33,19 +34,6 @@ import torch
 from hvdtrain.errors import UsageError
 
 _END = object()
-
-
-def _read_in_one_line(batches):
-    """The loader's batches; an error while reading one (a dataset's exception, in a worker or
-    here, a worker killed) becomes one line naming it and where it was raised (a
-    traceback from the worker, then another from the rank, and the job's end left to the
-    launcher). hvdtrain's own one-line errors (a damaged sample) pass as they are."""
-    try:
-        yield from batches
-    except UsageError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any error of the input pipeline, in one line
-        raise UsageError(reading_error(err)) from None
 
 
 _WORKER = re.compile(r"Caught (?P<kind>\w+) in DataLoader worker process (?P<worker>\d+)")
@@ -107,20 +95,17 @@ class DeviceFeeder:
     def batch_size(self):
         return getattr(self.loader, "batch_size", None)
 
-    def _to_device(self, batch):
-        x, y = batch[0], batch[1]
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True) if torch.is_tensor(y) else y
-        if self.prepare is not None:
-            x = self.prepare(x)
-        return x, y
-
     def _fed(self, batch):
-        """(x, y, event): on CUDA, copied and prepared on the side stream, the event after it."""
-        if self.stream is None:
-            return (*self._to_device(batch), None)
-        with torch.cuda.stream(self.stream):
-            x, y = self._to_device(batch)
+        """(x, y, event): copied to the device and made model inputs; on CUDA on the side stream,
+        the event after it."""
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            x, y = batch[0], batch[1]
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True) if torch.is_tensor(y) else y
+            if self.prepare is not None:
+                x = self.prepare(x)
+            if self.stream is None:
+                return x, y, None
             event = torch.cuda.Event()
             event.record(self.stream)
         return x, y, event
@@ -153,9 +138,17 @@ class DeviceFeeder:
             yield batch
 
     def __iter__(self):
-        # Read errors in one line, also those torch raises on this thread by its SIGCHLD handler
-        # when a worker dies (while this thread waits for the next batch).
-        return _read_in_one_line(self._batches())
+        """The loader's batches on the device. An error while reading one (a dataset's exception,
+        in a worker or here, a worker killed; also raised on this thread by torch's SIGCHLD
+        handler while it waits for the next batch) becomes one line naming it and where it was
+        raised (a traceback from the worker, then another from the rank, and the job's end left
+        to the launcher). hvdtrain's own one-line errors (a damaged sample) pass as they are."""
+        try:
+            yield from self._batches()
+        except UsageError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any error of the input pipeline, in one line
+            raise UsageError(reading_error(err)) from None
 
     def _batches(self):
         # The loader's iterator is made here, on the caller's thread: making it draws the

@@ -5,15 +5,18 @@ The stages, each swappable and measured alone (benchmarks/data_pipeline.py):
   torchvision's `decode_image` (libjpeg-turbo for JPEGs, libpng, libwebp) straight to a uint8 CHW
   tensor, with no PIL image object in between; measured per core against PIL in docs/data.md.
 - augment: `train_augment` (TrainCrop: the window and flip of hvdtrain/augment.py's one rule, a
-  function of (seed, epoch, sample), then torchvision's resized crop on the uint8 tensor) and
-  `val_augment` (resize, centre crop): a resume augments as an uninterrupted run.
+  function of the crop key (seed, epoch, sample) it is given, then torchvision's resized crop on
+  the uint8 tensor) and `val_augment` (resize, centre crop): a resume augments as an
+  uninterrupted run.
 - normalise: `to_model_input`, on the device, after the copy (a uint8 batch is a quarter of the
   bytes of a float32 one through the workers' shared memory, the pinned buffer and the bus); or,
   where the CPU trains, in the decode workers (NormalizedBatches).
 
-Datasets here (`image_folder`, `ShardImages`) give (uint8 CHW tensor, label) and say how their
-inputs are normalised by their `input_normalization` attribute ((mean, std) in [0, 1] units),
-which the trainer reads.
+Datasets here (`image_folder`'s FolderImages, `ShardImages`) give (uint8 CHW tensor, label) and
+say how their inputs are normalised by their `input_normalization` attribute ((mean, std) in
+[0, 1] units), which the loader's plan reads (hvdtrain/torch/loader.py). `read_sample(i, crop_key)`
+is a sample cropped by the key data.SeededSamples hands it; `dataset[i]` draws the window from
+torch's generator.
 
     train = image_folder(f"{root}/train", train_augment(224))
     x = to_model_input(x_uint8.to(device, non_blocking=True), train.input_normalization)
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils.data import Dataset
+from torchvision.datasets import ImageFolder
 
 from hvdtrain import augment, datasets, shards
 from hvdtrain.torch import internals
@@ -73,20 +77,18 @@ def load_file(path: str) -> torch.Tensor:
 
 class TrainCrop:
     """hvdtrain's training augmentation (hvdtrain/augment.py: torchvision's RandomResizedCrop
-    rule and a flip, the window a function of (seed, epoch, sample)), on a uint8 CHW tensor: the
-    window DALI and TensorFlow take for the same sample. The sample is the one data.SeededSamples
-    is reading; elsewhere (a user's dataset of their own) a window is drawn from torch's generator."""
+    rule and a flip, the window a function of the crop key (seed, epoch, sample)), on a uint8 CHW
+    tensor: the window DALI and TensorFlow take for the same sample. Without a key (a user's
+    dataset calling it as a transform) a window is drawn from torch's generator."""
 
     def __init__(self, size: int):
         self.size = size
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, crop_key: tuple[int, int, int] | None = None) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as F
 
         height, width = x.shape[-2:]
-        key = augment.current_sample()
-        if key is None:
-            key = (int(torch.randint(0, 2**62, ())), 0, 0)
+        key = crop_key if crop_key is not None else (int(torch.randint(0, 2**62, ())), 0, 0)
         top, left, h, w, flip = augment.train_window(*key, height, width)
         x = F.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
         return F.horizontal_flip(x) if flip else x
@@ -163,31 +165,10 @@ class NormalizedBatches:
         return f"NormalizedBatches({self.normalization})"
 
 
-def normalize_in_workers(dataset) -> bool:
-    """Where the device is the CPU, hvdtrain's image datasets (a folder, shards) are normalised
-    in the decode workers (their loader's collate function: worker_collate): a uint8 batch
-    saves bytes on a bus that a CPU run does not cross, and normalised in the rank's main
-    process it runs in series with the step (30 ms a batch of 32 at 224 px on one core: about
-    what the uint8 decode saved). True where it now is; a user's dataset is left as it is."""
-    from torchvision.datasets import ImageFolder
-
-    dataset = _inner(dataset)
-    ours = isinstance(dataset, ShardImages) or (isinstance(dataset, ImageFolder) and dataset.loader is load_file)
-    if not ours or normalized_in_workers(dataset):
-        return False
-    dataset.normalized_in_workers = True
-    return True
-
-
-def normalized_in_workers(dataset) -> bool:
-    return getattr(_inner(dataset), "normalized_in_workers", False)
-
-
-def worker_collate(dataset):
-    """The collate function of `dataset`'s decode workers: NormalizedBatches where
-    normalize_in_workers said so, else None (torch's default)."""
-    inner = _inner(dataset)
-    return NormalizedBatches(inner.input_normalization) if normalized_in_workers(inner) else None
+def ours(dataset) -> bool:
+    """Whether `dataset` (through SeededSamples and Subset) is one of hvdtrain's image datasets,
+    whose samples the loader may normalise in its decode workers; a user's dataset is theirs."""
+    return isinstance(_inner(dataset), (FolderImages, ShardImages))
 
 
 def _inner(dataset):
@@ -199,12 +180,10 @@ def _inner(dataset):
 def encoded_samples(dataset):
     """(read, where, length) of hvdtrain's own image datasets (a folder, shards; wrapped or not):
     read(i) -> (the file's bytes, label), undecoded; where(i) names the file. None for others."""
-    from torchvision.datasets import ImageFolder
-
     inner = _inner(dataset)
     if isinstance(inner, ShardImages):
         return inner.reader.read, inner.reader.where, len(inner)
-    if isinstance(inner, ImageFolder) and inner.loader is load_file:
+    if isinstance(inner, FolderImages):
         samples = inner.samples
         return (lambda i: (read_file(samples[i][0]), samples[i][1])), (lambda i: samples[i][0]), len(inner)
     return None
@@ -242,20 +221,42 @@ def crops_check(dataset, seed: int) -> dict | None:
     return {"samples": samples, "digest": augment.crops_digest(windows)}
 
 
-def image_folder(root: str, transform):
-    """torchvision's ImageFolder over `root`, decoding to uint8 (see module docstring)."""
-    from torchvision import datasets as tv_datasets
-
-    folder = tv_datasets.ImageFolder(root, transform=transform, loader=load_file)
-    folder.input_normalization = IMAGENET_NORMALIZATION
-    return folder
-
-
-class ShardImages(Dataset):
-    """A split of tar shards written by `python -m hvdtrain.shards` (hvdtrain/shards.py):
-    (uint8 image, label), in the index's order."""
+class _Images:
+    """What hvdtrain's image datasets share: a sample decoded to uint8 (`_decoded`, each
+    dataset's own), then its transform, which TrainCrop is given the crop key for."""
 
     input_normalization = IMAGENET_NORMALIZATION
+    transform = None
+
+    def __getitem__(self, i):
+        return self.read_sample(i, None)
+
+    def read_sample(self, i: int, crop_key):
+        x, label = self._decoded(i)
+        if isinstance(self.transform, TrainCrop):
+            return self.transform(x, crop_key), label
+        return (x if self.transform is None else self.transform(x)), label
+
+
+def image_folder(root: str, transform) -> FolderImages:
+    """An image folder tree under `root` (torchvision's ImageFolder listing), decoding to uint8."""
+    return FolderImages(root, transform)
+
+
+class FolderImages(_Images, ImageFolder):
+    """torchvision's ImageFolder over `root`, each file decoded to uint8 (see the module's docstring)."""
+
+    def __init__(self, root: str, transform):
+        ImageFolder.__init__(self, root, transform=transform, loader=load_file)
+
+    def _decoded(self, i: int):
+        path, label = self.samples[i]
+        return load_file(path), label
+
+
+class ShardImages(_Images, Dataset):
+    """A split of tar shards written by `python -m hvdtrain.shards` (hvdtrain/shards.py):
+    (uint8 image, label), in the index's order."""
 
     def __init__(self, root: str, split: str, transform):
         self.reader = shards.ShardReader(root, split)
@@ -266,9 +267,9 @@ class ShardImages(Dataset):
 
     @property
     def sample_shards(self):
-        """Each sample's shard: the training order reads a few shards per rank (data.ShardBlockedSampler)."""
+        """Each sample's shard: the training order reads a few shards per rank (data.rank_order)."""
         return self.reader.index["shard"]
 
-    def __getitem__(self, i):
+    def _decoded(self, i: int):
         data, label = self.reader.read(i)
-        return self.transform(decode(data, self.reader.where(i))), label
+        return decode(data, self.reader.where(i)), label

@@ -7,6 +7,7 @@ import lightning.pytorch as pl
 import torch
 
 from hvdtrain.errors import UsageError
+from hvdtrain.torch import loader
 
 
 class TrainerModule(pl.LightningModule):
@@ -24,11 +25,12 @@ class TrainerModule(pl.LightningModule):
         # Reloaded every epoch: each epoch's shuffle, as for the other backends.
         hv = self.hv
         at = hv.position
-        return hv.backend.train_loader(hv.train_ds, hv.cfg, at.epoch, at.steps_into_order, at.seen_before)
+        return loader.create_loader(hv.loader_plans["train"], hv.train_ds, hv.rank, hv.world_size, at.epoch,
+                                    at.steps_into_order, at.seen_before)
 
     def val_dataloader(self):
         hv = self.hv
-        return hv.backend.val_loader(hv.val_ds, hv.cfg)
+        return loader.create_loader(hv.loader_plans["val"], hv.val_ds, hv.rank, hv.world_size)
 
     def configure_optimizers(self):
         return {"optimizer": self.hv.optimizer, "lr_scheduler": {"scheduler": self.hv.scheduler, "interval": "step"}}

@@ -29,7 +29,7 @@ from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_after_stop, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
-from hvdtrain.torch import checkpoint_file, data, images
+from hvdtrain.torch import checkpoint_file, images, loader
 from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
@@ -135,20 +135,20 @@ class Run:
         resumed = epoch == self.position.epoch and self.resumed_batching in (None, self.batching)
         skip = self.position.step_in_epoch if resumed else 0  # other shards than the checkpoint's: all again
         self.position = dataclasses.replace(self.position, epoch=epoch, step_in_epoch=skip)
-        loader = self.backend.train_loader(dataset, cfg, epoch, skip)
-        self.batches_in_epoch = skip + len(loader)
-        return _SeededSteps(self, self._feed(loader, dataset))
+        fed = self._batches(cfg, dataset, "train", epoch=epoch, skip_batches=skip)
+        self.batches_in_epoch = skip + len(fed)
+        return _SeededSteps(self, fed)
 
     def eval_loader(self, dataset, batch_size: int):  # each sample on one rank: sum, count, run.sum
-        return self._feed(self.backend.val_loader(dataset, dataclasses.replace(self.cfg, batch_size=batch_size)),
-                          dataset)
+        return self._batches(dataclasses.replace(self.cfg, batch_size=batch_size), dataset, "val")
 
-    def _feed(self, loader, dataset) -> DeviceFeeder:
-        """Batches on the device; uint8 images of hvdtrain's datasets (or yours that say how:
-        hvdtrain/torch/images.py) as normalised floats."""
-        normalization = data.input_normalization(dataset)
-        return DeviceFeeder(loader, self.device, lambda x: images.to_model_input(x, normalization),
-                            threaded=data.feeds_on_thread(loader), dataset=dataset)
+    def _batches(self, cfg, dataset, split: str, **where) -> DeviceFeeder:
+        """`split`'s batches of `dataset` on the device (hvdtrain/torch/loader.py); uint8 images of
+        hvdtrain's datasets (or yours that say how: hvdtrain/torch/images.py) as normalised floats."""
+        plan = loader.plan_loader(cfg, dataset, split, self.device)
+        made = loader.create_loader(plan, dataset, self.rank, self.world_size, **where)
+        return DeviceFeeder(made, self.device, lambda x: images.to_model_input(x, plan.normalization),
+                            threaded=plan.feeder_thread, dataset=dataset)
 
     def sum(self, values) -> torch.Tensor:  # over ranks, float64 on the CPU: e.g. (loss sum, count)
         local = np.atleast_1d(torch.as_tensor(values).detach().cpu().double().numpy())
@@ -252,7 +252,7 @@ class Run:
         # A background write still running: ended, its failure said on every rank.
         error = self.backend.broadcast_object(self.writer.finish() if self.is_rank0 else None, "loop_last_write")
         self.watchdog.stop()
-        data.close_loaders()
+        loader.close_loaders()
         self.backend.shutdown()
         if error:
             raise UsageError(error)

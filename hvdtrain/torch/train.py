@@ -24,7 +24,7 @@ from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.runtime import feeder_thread_pays, rank_cores
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import checkpoint_file, compute_mode, dali, data, images, internals
+from hvdtrain.torch import checkpoint_file, compute_mode, dali, images, internals, loader
 from hvdtrain.torch.feeder import DeviceFeeder
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
@@ -81,19 +81,19 @@ class Trainer(EpochTrainer):
 
     def _build_data(self) -> tuple[int, int]:
         self.val_batches = None  # the validation loader, once _validate builds it
+        cfg, b = self.cfg, self.backend
         self.train_ds, self.val_ds = self.workload.train_data, self.workload.val_data
         self.num_classes = self.workload.num_classes
         self.sample_unit = self.workload.sample_unit
-        # uint8 images (hvdtrain's image files, or a user's dataset that says so) become floats on
-        # the device, after the copy: hvdtrain/torch/images.py.
-        self.input_normalization = data.input_normalization(self.train_ds)
-        if self.device.type == "cpu" and self.cfg.num_workers and self.cfg.loader == "torch":
-            # No bus to spare on a CPU: the decode workers normalise, in parallel, instead of the
-            # rank's main process, in series with the step (30 ms a batch of 32 at 224 px).
-            for dataset in (self.train_ds, self.val_ds):
-                images.normalize_in_workers(dataset)
-        self.feeder_thread = None  # whether the training batches came through the feeder's thread
-        if self.cfg.loader == "dali":  # installed, and image files to decode: said before any step
+        # How the batches are made, decided once (hvdtrain/torch/loader.py). The feeder's thread
+        # only where it pays: a GPU, or a core left beside the compute threads and decode workers.
+        feeder = (cfg.feeder == "on" and b.loaders_read_ahead
+                  and feeder_thread_pays(self.device.type != "cpu", rank_cores(self.env.local_world_size),
+                                         self.threads, cfg.num_workers))
+        self.loader_plans = {split: loader.plan_loader(cfg, dataset, split, self.device, sharding=b.loader_sharding,
+                                                       feeder=feeder)
+                             for split, dataset in (("train", self.train_ds), ("val", self.val_ds)) if dataset is not None}
+        if cfg.loader == "dali":  # installed, and image files to decode: said before any step
             dali.require()
             dali.EncodedImages(self.train_ds)
         return len(self.train_ds), len(self.val_ds) if self.val_ds is not None else 0
@@ -159,18 +159,19 @@ class Trainer(EpochTrainer):
     def prepare_inputs(self, x):
         """A batch's inputs, on the device, as the model takes them: uint8 images normalised,
         channels-last where chosen. Run by the feeder on its side stream, and by Lightning's steps."""
-        return images.to_model_input(x, self.input_normalization, self.channels_last)
+        return images.to_model_input(x, self.loader_plans["train"].normalization, self.channels_last)
 
-    def _feed(self, loader):
-        """The loader's batches on the device, the next ones prepared during the current step
-        (hvdtrain/torch/feeder.py)."""
-        # DALI's batches draw nothing from torch's generator: they may be run on the thread too.
-        safe = isinstance(loader, dali.DaliLoader) or data.feeds_on_thread(loader)
-        threaded = (self.cfg.feeder == "on" and safe and self.backend.loaders_read_ahead
-                    and feeder_thread_pays(self.device.type != "cpu", rank_cores(self.env.local_world_size),
-                                           self.threads, self.cfg.num_workers))
-        self.feeder_thread = threaded
-        return DeviceFeeder(loader, self.device, self.prepare_inputs, threaded=threaded)
+    def _input_lines(self) -> list[str]:
+        return [plan.describe() for plan in self.loader_plans.values()]
+
+    def _batches(self, split: str, **where):
+        """`split`'s batches on the device (its plan's loader, the library's copy where the backend
+        shards them itself), the next ones prepared during the current step (hvdtrain/torch/feeder.py)."""
+        plan = self.loader_plans[split]
+        made = loader.create_loader(plan, self.train_ds if split == "train" else self.val_ds, self.rank,
+                                    self.world_size, **where)
+        return DeviceFeeder(self.backend.adopt_loader(made), self.device, self.prepare_inputs,
+                            threaded=plan.feeder_thread)
 
     def _data_remedy(self) -> str:
         return (f"each rank has {self.threads} core(s) and {self.cfg.num_workers} decode worker(s) (--num-workers): "
@@ -194,7 +195,7 @@ class Trainer(EpochTrainer):
         try:
             return super().finish(stopped_by)
         finally:
-            data.close_loaders()  # the workers kept across epochs (hvdtrain/torch/data.py)
+            loader.close_loaders()  # the workers kept across epochs (hvdtrain/torch/loader.py)
 
     def _rank_extras(self) -> dict:
         # Each rank's AMP loss scale: equal on every rank, or the ranks apply different updates.
@@ -202,9 +203,9 @@ class Trainer(EpochTrainer):
                 "channels_last": self.channels_last}
 
     def _result_extras(self) -> dict:
-        return {"cuda_math": self.cuda_math, "feeder_thread": self.feeder_thread,
-                "images_normalised_in": "decode workers" if images.normalized_in_workers(self.train_ds)
-                else "the step's process",
+        train = self.loader_plans["train"]
+        return {"cuda_math": self.cuda_math, "feeder_thread": train.feeder_thread,
+                "images_normalised_in": "the step's process" if train.normalised_in == "device" else train.normalised_in,
                 "crops": images.crops_check(self.train_ds, self.cfg.seed)}  # the comparison's check
 
     def _average_statistics(self) -> None:
@@ -213,16 +214,11 @@ class Trainer(EpochTrainer):
     def _train_epoch(self):
         cfg, b, meter = self.cfg, self.backend, self.meter
         k = cfg.batches_per_allreduce
-        # The backend builds the loader: a library may shard the data itself (Accelerate's prepare).
         at = self.position
-        if cfg.loader == "dali":  # the same batches, decoded by DALI (hvdtrain/torch/dali.py)
-            loader = dali.train_loader(self.train_ds, cfg, self.rank, self.world_size, at.epoch, at.steps_into_order,
-                                       self.device, at.seen_before)
-        else:
-            loader = b.train_loader(self.train_ds, cfg, at.epoch, at.steps_into_order, at.seen_before)
+        batches = self._batches("train", epoch=at.epoch, skip_batches=at.steps_into_order, seen_before=at.seen_before)
         self.model.train()
         steps = self.start_epoch()
-        for i, (x, y) in enumerate(self._feed(loader)):
+        for i, (x, y) in enumerate(batches):
             if i == steps:
                 break
             self.before_step()
@@ -300,9 +296,8 @@ class Trainer(EpochTrainer):
         # By default an exact shard per rank, the sums reduced once; Accelerate's way: its own
         # sharded loader, every rank gathering every sample's figures (gather_for_metrics).
         if self.val_batches is None:  # the same batches at every pass: built once
-            self.val_batches = (dali.val_loader(self.val_ds, self.cfg, self.rank, self.world_size, self.device)
-                                if self.cfg.loader == "dali" else b.val_loader(self.val_ds, self.cfg))
-        for x, y in self._feed(self.val_batches):
+            self.val_batches = self._batches("val")
+        for x, y in self.val_batches:
             self.watchdog.beat(where="validating")
             with compute_mode.autocast(self.cfg.amp, self.device):
                 out = self.model(x)
