@@ -14,7 +14,7 @@ channels-last) run on a side stream, and the main thread's stream waits for them
 
 What runs on the thread is only what cannot draw random numbers from torch's global generator,
 which the main thread seeds at each step for dropout: batches already made by DataLoader workers,
-or in-memory batches gathered whole (hvdtrain/torch/data.py). A loader whose main process calls a
+or in-memory batches gathered whole (hvdtrain/torch/loader.py). A loader whose main process calls a
 dataset's `__getitem__` (num_workers=0 over a per-sample dataset) is fed on the main thread.
 
 `close()` (or the end of the `for`, or an exception) stops the thread before the loader ends; an
