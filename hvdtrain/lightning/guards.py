@@ -35,7 +35,7 @@ import torch
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
-from hvdtrain.meter import divergence
+from hvdtrain.meter import Votes, divergence
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PHASES, phases_summary, slowest_rank_line
 from hvdtrain.report import say
@@ -181,15 +181,17 @@ class Guards(pl.Callback):
 
     def _vote(self, trainer) -> None:
         self.steps_since_vote = 0
-        signal = self.stop.signal_name
-        mine = torch.cat((torch.tensor([float(signal == "SIGUSR1"), float(signal == "SIGTERM"),
-                                        float(self.interval.vote())], dtype=torch.float64, device=self.window.device),
-                          self.window))
-        usr1, term, timed, loss_sum, count = trainer.strategy.reduce(mine, reduce_op="sum").cpu().tolist()
+        # The stop vote (meter.Votes: Lightning writes checkpoints itself, so no writer's state)
+        # and the window's (loss sum, count), in one reduction.
+        voted = Votes.mine(self.stop.signal_name, self.interval.vote()).to_array()
+        mine = torch.cat((torch.tensor(voted, dtype=torch.float64, device=self.window.device), self.window))
+        reduced = trainer.strategy.reduce(mine, reduce_op="sum").cpu().tolist()
+        votes, (loss_sum, count) = Votes.from_array(reduced[:len(voted)]), reduced[len(voted):]
         self.window.zero_()
         if count:
             self._check_loss(loss_sum / count, trainer)
-        self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
+        self.stopped_by = votes.stopped_by  # scancel's SIGTERM wins: no requeue
+        timed = votes.checkpoint_due > 0
         if self.stopped_by:
             path = self._save(trainer)
             self._log(f"stopped by {self.stopped_by} at step {trainer.global_step} (epoch {trainer.current_epoch}); "

@@ -44,16 +44,14 @@ import dataclasses
 import functools
 import time
 
-import numpy as np
-
 from hvdtrain import checkpoint as ckpt, tuning
 from hvdtrain.cluster import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error
-from hvdtrain.meter import Votes
+from hvdtrain.lifecycle import Lifecycle
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
-from hvdtrain.runtime import StopRequest, requeue_after_stop, threads_per_rank
+from hvdtrain.runtime import threads_per_rank
 from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, npz_checkpoint
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
@@ -139,19 +137,17 @@ class Callbacks(list):
     initial_epoch: int = 0
 
 
-class Job:
-    """This rank's part: rank, local_rank, world_size, is_rank0, device; optimizer(); callbacks()."""
+class Job(Lifecycle):
+    """This rank's part: rank, local_rank, world_size, is_rank0, device; optimizer(); callbacks().
+    Its stop vote, checkpoint writes and requeue are hvdtrain/lifecycle.py's."""
     loop = "fit"                  # the Keras it runs on: keras_compat.select(loop)
     api = "hvdtrain.tf.start()"   # what started it, for start_job's refusal
-    writer = WRITER               # in its checkpoints' meta
+    written_by = WRITER           # in its checkpoints' meta
 
     def __init__(self, keras, backend, cfg: TrainConfig, job_id: str | None):
-        self.keras, self.backend, self.cfg, self.job_id = keras, backend, cfg, job_id
-        self.rank, self.local_rank, self.world_size = backend.rank, backend.local_rank, backend.world_size
-        self.is_rank0 = self.rank == 0
+        super().__init__(backend, cfg, job_id)
+        self.keras = keras
         self.device = backend.device
-        self.stop = StopRequest()  # from now on SIGUSR1/SIGTERM are remembered for fit's next vote
-        self.files = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -285,8 +281,8 @@ class Job:
         variables = self._checkpointed(model, optimizer)
         problem = npz_checkpoint.mismatch(variables, arrays)
         written_by = meta.get("written_by", "the hvdtrain.tf trainer")
-        if written_by != self.writer:
-            problem = f"written by {written_by}, read by {self.writer}"
+        if written_by != self.written_by:
+            problem = f"written by {written_by}, read by {self.written_by}"
         if problem:
             raise UsageError(f"checkpoint {path} does not fit this model and optimizer ({problem})")
         npz_checkpoint.assign(variables, arrays)
@@ -298,35 +294,12 @@ class Job:
         """Every rank: rank 0 writes weights, optimizer state (the model's, unless given) and
         position atomically, `extra` in its meta; a failure ends every rank. background: on rank
         0's writer thread (the values copied first); its end is learnt by a later vote."""
-        def capture():
-            variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
-            return (*npz_checkpoint.capture(checkpoint_dir, at, variables, {
-                "written_by": self.writer, "world_size": self.world_size, **(extra or {})}), False)
+        self.write(checkpoint_dir, lambda: self._capture(checkpoint_dir, at, model, optimizer, extra), keep, background)
 
-        error = self.files.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
-        error = self.backend.broadcast_object(error, "keras_checkpoint_written")
-        if error:
-            raise UsageError(error)
-
-    def vote(self, interval: ckpt.Interval) -> tuple[str | None, bool, bool]:
-        """Every rank, at the same step: (the stop signal any rank got, SIGTERM outweighing SIGUSR1
-        (hvdtrain/meter.py), or None; whether rank 0's clock says an interval checkpoint is due;
-        whether rank 0's background write is still running). A background write that failed ends
-        every rank here, with rank 0's line."""
-        files = self.files
-        mine = Votes.mine(self.stop.signal_name, interval.vote(), files.state())
-        votes = Votes.from_array(self.backend.allreduce_sum(np.array(mine.to_array(), dtype=np.float64), "stop_vote"))
-        if votes.write_failed:
-            raise UsageError(self.backend.broadcast_object(files.error(), "checkpoint_write_error"))
-        if not votes.writing:
-            files.say_written()
-        return votes.stopped_by, votes.checkpoint_due > 0, votes.writing > 0
-
-    def requeue_if_asked(self, stopped_by: str | None) -> None:
-        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop)."""
-        requeue = requeue_after_stop(stopped_by, self.job_id, self.is_rank0)
-        if requeue:
-            self.log(requeue)
+    def _capture(self, checkpoint_dir, at: ckpt.Position, model, optimizer=None, extra=None):
+        variables = self._checkpointed(model, model.optimizer if optimizer is None else optimizer)
+        return (*npz_checkpoint.capture(checkpoint_dir, at, variables, {
+            "written_by": self.written_by, "world_size": self.world_size, **(extra or {})}), False)
 
 
 # The guard subclasses the Callback of the Keras that fit runs on (tf_keras), known only once
@@ -351,7 +324,7 @@ def _guard_class(keras):
             job = self.job
             self.watchdog = Watchdog(job.cfg.watchdog_seconds, PROG, job.rank, job.world_size)
             self.watchdog.beat(where="starting fit")
-            job.files.watchdog = self.watchdog
+            job.watch(self.watchdog)
             self.stopped_by, self.first_epoch, self.initial_epoch = None, True, self.position.epoch
             self.writing = False  # a background write in flight: every batch votes until it has ended
             self.trained = None  # Keras's train_function while a resumed epoch's first batches are read again
@@ -417,7 +390,8 @@ def _guard_class(keras):
                 time.sleep(self.slowed)
             timed = False
             if (self.batches % self.check_every == 0 or self.writing) and self.stopped_by is None:
-                self.stopped_by, timed, self.writing = self.job.vote(self.interval)
+                votes = self.job.vote(self.interval)
+                self.stopped_by, timed, self.writing = votes.stopped_by, votes.checkpoint_due > 0, votes.writing > 0
                 if self.stopped_by:
                     self.model.stop_training = True  # every rank, after this same batch
                     return
@@ -436,7 +410,8 @@ def _guard_class(keras):
             self.watchdog.beat(where="ending the epoch")
             stopped_mid_epoch = self.stopped_by is not None
             if not stopped_mid_epoch:
-                self.stopped_by, _, self.writing = job.vote(self.interval)
+                votes = job.vote(self.interval)
+                self.stopped_by, self.writing = votes.stopped_by, votes.writing > 0
             # BatchNorm statistics are each rank's own (Horovod averages gradients only): one set.
             job.backend.average_variables(self.model.non_trainable_weights)
             steps = self.params.get("steps")

@@ -49,7 +49,7 @@ from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
-from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
+from hvdtrain.watchdog import Watchdog
 
 WRITER = "hvdtrain.tf.tape_loop"  # in each checkpoint's meta
 
@@ -84,17 +84,12 @@ class TapeJob(Job):
     position (a hvdtrain.checkpoint.Position), stopped_by (the signal should_stop() agreed on)."""
     loop = "custom"
     api = "hvdtrain.tf.start_tape_loop()"
-    writer = WRITER
+    written_by = WRITER
+    start_call, handle = "start_tape_loop", "job"  # the lifecycle's error lines (hvdtrain/lifecycle.py)
 
     def __init__(self, keras, backend, cfg, job_id):
         super().__init__(keras, backend, cfg, job_id)
-        self.watchdog = Watchdog(cfg.watchdog_seconds, PROG, self.rank, self.world_size)
-        self.files.watchdog = self.watchdog
-        self.stopped_by: str | None = None
-        self.position = ckpt.Position()  # the epoch, batches stepped in it, steps in all
-        self.batches_in_epoch = self.batching = self.resumed_batching = None  # batching: [ranks, batch_size]
-        self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
-        self.saving_to = None  # (directory, model, optimizer) of resume(): where interval checkpoints go
+        self.watch(Watchdog(cfg.watchdog_seconds, PROG, self.rank, self.world_size))
         self.slowed = injected_delay(self.rank)
 
     @exits_on_usage_error(PROG)
@@ -163,8 +158,7 @@ class TapeJob(Job):
     # ------------------------------------------------------------------ steps
     def step_done(self) -> None:
         """After each optimizer step: the position (for save), the watchdog's heartbeat. Not collective."""
-        self.position = self.position.after_step()
-        self.watchdog.beat(self.position.global_step)
+        super().step_done()
         if self.slowed:
             time.sleep(self.slowed)  # test-only: a rank made slow on purpose (hvdtrain/phases.py)
 
@@ -174,19 +168,7 @@ class TapeJob(Job):
         With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
         on every rank: a number of steps, or rank 0's clock, which votes here), written in the
         background; rank 0's writer (running, failed) rides in the same vote."""
-        interval = self.checkpoint_interval
-        self.stopped_by, timed, _ = self.vote(interval)
-        at = self.position
-        mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
-        if not self.stopped_by and interval.due(at.global_step, mid_epoch, timed):
-            if self.saving_to is None:
-                raise UsageError("start_tape_loop(checkpoint_every=) writes into job.resume()'s directory: call "
-                                 "job.resume(checkpoint_dir, model, optimizer) before the loop")
-            self._save(*self.saving_to, keep=3, background=True)
-        if self.stopped_by:
-            self.log(f"stopped by {self.stopped_by} in epoch {self.position.epoch + 1} after "
-                     f"{self.position.step_in_epoch} batch(es)")
-        return self.stopped_by is not None
+        return super().should_stop()
 
     def sum(self, values) -> np.ndarray:
         """`values` (numbers, or an array of them) summed over ranks, as float64."""
@@ -247,10 +229,7 @@ class TapeJob(Job):
         if kept is not None:
             optimizer.learning_rate = kept
         if status.get("path"):
-            self.position = ckpt.Position.from_checkpoint(status["position"])
-            self.resumed_batching = status.get("batching")
-            self.log(f"resumed from {status['path']} at epoch {self.position.epoch + 1} after "
-                     f"{self.position.step_in_epoch} batch(es)")
+            self.resumed_at({**status, "position": ckpt.Position.from_checkpoint(status["position"])})
         self.broadcast(model, optimizer)
         return self.position.epoch
 
@@ -270,26 +249,17 @@ class TapeJob(Job):
         self._save(checkpoint_dir, model, optimizer, keep=keep)
 
     def _save(self, checkpoint_dir: str, model, optimizer, keep: int, background: bool = False) -> None:
-        self.watchdog.beat(where=AT_CHECKPOINT)
-        self.backend.average_variables(model.non_trainable_weights)  # Horovod averages gradients only
-        done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
-        at = self.position.next_epoch() if done else self.position
-        super().save(checkpoint_dir, model, at, keep, optimizer=optimizer, extra={"batching": self.batching},
-                     background=background)
-        self.checkpoint_interval.written()
-        self.watchdog.beat(where="after writing a checkpoint")
+        # Horovod averages gradients only: the non-trainable weights (BatchNorm's statistics) here.
+        self.checkpoint(checkpoint_dir, lambda: self.backend.average_variables(model.non_trainable_weights),
+                        lambda at: self._capture(checkpoint_dir, at, model, optimizer, {"batching": self.batching}),
+                        keep, background)
 
     @exits_on_usage_error(PROG)
     def finish(self) -> None:
         """Last, every rank: after SIGUSR1 (Slurm's time-limit warning) rank 0 requeues the job
         (not after SIGTERM: scancel); a background write still running ends (its failure said on
         every rank); the watchdog stops; Horovod shuts down."""
-        self.requeue_if_asked(self.stopped_by)
-        error = self.backend.broadcast_object(self.files.finish() if self.is_rank0 else None, "tape_last_write")
-        self.watchdog.stop()
-        self.backend.shutdown()
-        if error:
-            raise UsageError(error)
+        self.end()
 
 
 class _TfVariableSources:

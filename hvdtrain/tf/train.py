@@ -13,8 +13,6 @@ arrays and loss given to hvdtrain.tf.fit (hvdtrain/tf/api.py). Import this modul
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import tensorflow as tf
 

@@ -27,12 +27,13 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, exits_on_usage_error, in_one_line
 from hvdtrain.netsockets import loopback_settings
 from hvdtrain.report import say
-from hvdtrain.runtime import StopRequest, decode_workers, requeue_after_stop, threads_per_rank
+from hvdtrain.lifecycle import Lifecycle
+from hvdtrain.runtime import decode_workers, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch import checkpoint_file, images, loader
 from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
-from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
+from hvdtrain.watchdog import Watchdog
 
 PROG = "hvdtrain.torch.loop"
 
@@ -92,22 +93,14 @@ class _SeededSteps:
             yield batch
 
 
-class Run:
-    """One rank's part of the job: rank, local_rank, world_size, device, is_rank0, stopped_by."""
+class Run(Lifecycle):
+    """One rank's part of the job: rank, local_rank, world_size, device, is_rank0, stopped_by. Its
+    stop vote, checkpoints, requeue and end are hvdtrain/lifecycle.py's."""
 
     def __init__(self, backend, cfg: TrainConfig, device: torch.device, watchdog, job_id: str | None = None):
-        self.backend, self.cfg, self.device, self.watchdog, self.job_id = backend, cfg, device, watchdog, job_id
-        self.rank, self.local_rank, self.world_size = backend.rank, backend.local_rank, backend.world_size
-        self.is_rank0 = self.rank == 0
-        self.stop = StopRequest()
-        self.stopped_by: str | None = None  # the signal should_stop() agreed on
-        self.position = ckpt.Position()     # the epoch, batches stepped in it, steps in all
-        self.batches_in_epoch = self.batching = self.resumed_batching = None  # (ranks, batch_size)
-        self._prepared: list = []           # the optimizers prepare() wrapped
-        self.saving_to = None               # (directory, model, optimizer) of run.resume(): interval checkpoints
-        self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # start(checkpoint_every=)
-        self.writer = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes (interval ones in the background)
-        self.writer.watchdog = self.watchdog
+        super().__init__(backend, cfg, job_id, watchdog)
+        self.device = device
+        self._prepared: list = []  # the optimizers prepare() wrapped
 
     def log(self, line: str, every_rank: bool = False) -> None:  # rank 0 (or each) prints; no collective
         if self.is_rank0 or every_rank:
@@ -154,37 +147,14 @@ class Run:
         local = np.atleast_1d(torch.as_tensor(values).detach().cpu().double().numpy())
         return torch.from_numpy(self.backend.allreduce_sum(local, "loop_sum"))
 
-    def step_done(self) -> None:  # after each batch's optimizer step: the position, the watchdog
-        self.position = self.position.after_step()
-        self.watchdog.beat(self.position.global_step)
+    # step_done() after each batch's optimizer step: the position, the watchdog (hvdtrain/lifecycle.py)
 
     @exits_on_usage_error(PROG)
     def should_stop(self) -> bool:
         """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then save()s.
         With start(checkpoint_every=), also the interval checkpoint, when one is due (the same step
         on every rank: a number of steps, or rank 0's clock, which votes here)."""
-        interval = self.checkpoint_interval
-        # Rank 0's background write (an interval checkpoint) rides in the same vote: its failure
-        # ends every rank at the next step.
-        mine = np.array([*(self.stop.signal_name == name for name in ("SIGUSR1", "SIGTERM")), interval.vote(),
-                         *self.writer.state()], dtype=np.float64)
-        usr1, term, timed, busy, failed = self.backend.allreduce_sum(mine, "stop_vote")
-        if failed:
-            raise UsageError(self.backend.broadcast_object(self.writer.error(), "loop_checkpoint_write_error"))
-        if not busy:
-            self.writer.say_written()
-        self.stopped_by = "SIGTERM" if term else "SIGUSR1" if usr1 else None  # scancel wins: no requeue
-        at = self.position
-        mid_epoch = self.batches_in_epoch is None or at.step_in_epoch < self.batches_in_epoch
-        if not self.stopped_by and interval.due(at.global_step, mid_epoch, timed > 0):
-            if self.saving_to is None:
-                raise UsageError("start(checkpoint_every=) writes into run.resume()'s directory: call "
-                                 "run.resume(checkpoint_dir, model, optimizer) before the loop")
-            self.save(*self.saving_to, background=True)
-        if self.stopped_by:
-            self.log(f"stopped by {self.stopped_by} in epoch {self.position.epoch + 1} after "
-                     f"{self.position.step_in_epoch} batch(es)")
-        return self.stopped_by is not None
+        return super().should_stop()
 
     @exits_on_usage_error(PROG)
     def resume(self, checkpoint_dir: str, model, optimizer) -> int:
@@ -197,10 +167,8 @@ class Run:
                                       lambda path, state: self._take(path, state, model, optimizer), self.log,
                                       "loop_resume")
         if status:
-            self.position, self.resumed_batching = status["position"], status["batching"]
+            self.resumed_at(status)
             self.backend.broadcast_state(model, optimizer, optimizer_state=True)
-            self.log(f"resumed from {status['path']} at epoch {self.position.epoch + 1} after "
-                     f"{self.position.step_in_epoch} batch(es)")
         return self.position.epoch
 
     @staticmethod
@@ -227,32 +195,17 @@ class Run:
         """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank.
         background: on a thread while your next steps run (the state copied to host memory
         first); run.should_stop() then says its failure on every rank at the next step."""
-        self.watchdog.beat(where=AT_CHECKPOINT)
-        self.backend.average_buffers(model)  # BatchNorm statistics of every rank, not rank 0's
-        # Where a resume starts: the next epoch, or this one's unstepped batches (after a stop, a break).
-        done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch
-        at = self.position.next_epoch() if done else self.position
+        self._save(checkpoint_dir, model, optimizer, keep, background)
 
-        def capture():  # the state copied to host memory now: the next steps may change it
-            return checkpoint_file.capture(checkpoint_dir, at, model, optimizer, batching=self.batching)
-
-        error = self.writer.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
-        error = self.backend.broadcast_object(error, "loop_checkpoint_written")
-        self.checkpoint_interval.written()
-        self.watchdog.beat(where="after writing a checkpoint")
-        if error:
-            raise UsageError(error)
+    def _save(self, checkpoint_dir: str, model, optimizer, keep: int, background: bool = False) -> None:
+        self.checkpoint(checkpoint_dir, lambda: self.backend.average_buffers(model),
+                        lambda at: checkpoint_file.capture(checkpoint_dir, at, model, optimizer, batching=self.batching),
+                        keep, background)
 
     @exits_on_usage_error(PROG)
     def finish(self) -> None:
         """Last, every rank: after SIGUSR1 (Slurm's time-limit warning) rank 0 requeues the job."""
-        requeue = requeue_after_stop(self.stopped_by, self.job_id, self.is_rank0)
-        if requeue:
-            self.log(requeue)
-        # A background write still running: ended, its failure said on every rank.
-        error = self.backend.broadcast_object(self.writer.finish() if self.is_rank0 else None, "loop_last_write")
-        self.watchdog.stop()
+        self.end()
+
+    def _close(self) -> None:
         loader.close_loaders()
-        self.backend.shutdown()
-        if error:
-            raise UsageError(error)
