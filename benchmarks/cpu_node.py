@@ -26,7 +26,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 
 from hvdtrain.launch import launch_command, launch_env  # noqa: E402
-from hvdtrain.tuning import horovod_settings  # noqa: E402
+from hvdtrain.cluster.tuning import horovod_settings  # noqa: E402
 
 
 def tiny_model():
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
                 "--threads-per-rank", "1", "--num-workers", str(args.workers), "--validation", "off",
                 "--untimed-steps", "3", "--base-lr", "0.01", "--result-json", result]
 
-    # The example under the Horovod settings hvdtrain gives a CPU rank (hvdtrain/tuning.py: Open
+    # The example under the Horovod settings hvdtrain gives a CPU rank (hvdtrain/cluster/tuning.py: Open
     # MPI yields its core when idle), so that the input pipelines alone differ; and as it comes.
     tuned = horovod_settings("auto", on_cpu=True)
     pipelines = {"horovod_example_folder": (horovod, tuned), "horovod_example_folder_untuned": (horovod, {}),

@@ -50,7 +50,7 @@ def write_jpegs(root: str, count: int, classes: int = 10) -> float:
 def jpeg_folder_and_shards(out: str, count: int) -> tuple[str, str, float]:
     """write_jpegs under out/folder and the same images as shards under out/shards (once):
     (folder, shards directory, mean JPEG size in KB)."""
-    from hvdtrain import shards
+    from hvdtrain.data import shards
 
     folder, shard_dir = os.path.join(out, "folder"), os.path.join(out, "shards")
     kb = write_jpegs(folder, count)
@@ -131,7 +131,7 @@ def loader_before_issue_48(read_bytes, labels, size: int, train: bool, uint8: bo
     per-core rows here and tf_data_training.py's "before" run."""
     import tensorflow as tf
 
-    from hvdtrain import datasets
+    from hvdtrain.data import datasets
 
     labels_t = tf.constant(labels, dtype=tf.int64)
     mean, std = tf.constant(datasets.IMAGENET_MEAN), tf.constant(datasets.IMAGENET_STD)
@@ -157,12 +157,12 @@ TF_BATCH = 32
 def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
     """TensorFlow's per-sample function in a tf.data pipeline as hvdtrain.tf runs it (a map on one
     thread, batches of TF_BATCH): today's (hvdtrain/tf/data.py: only the window decoded,
-    hvdtrain/augment.py's rule), as floats (a CPU's) and as uint8 (a GPU's, normalised on the
+    hvdtrain/data/augment.py's rule), as floats (a CPU's) and as uint8 (a GPU's, normalised on the
     device, as torch's rows here are uint8), and the one before issue 48 (the whole image decoded,
     resized to a 1.14 x size square, cropped)."""
     import tensorflow as tf
 
-    from hvdtrain import augment
+    from hvdtrain.data import augment
     from hvdtrain.tf import data as tf_data
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -258,7 +258,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="decode workers of the training runs")
     args = p.parse_args()
 
-    from hvdtrain import shards
+    from hvdtrain.data import shards
 
     folder, shards_dir = os.path.join(args.out, "folder"), os.path.join(args.out, "shards")
     kb = write_jpegs(folder, args.images)

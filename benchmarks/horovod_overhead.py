@@ -32,7 +32,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from hvdtrain.launch import launch_env  # noqa: E402
-from hvdtrain.tuning import horovod_settings  # noqa: E402
+from hvdtrain.cluster.tuning import horovod_settings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from alternate import medians, mpirun, parse_args, run_alternated  # noqa: E402

@@ -53,7 +53,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from hvdtrain import datasets, shards  # noqa: E402
+from hvdtrain.data import datasets, shards  # noqa: E402
 from hvdtrain.launch import launch_command, launch_env  # noqa: E402
 
 TRAIN, VAL, CLASSES = 1_281_167, 50_000, 1_000

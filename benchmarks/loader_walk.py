@@ -57,7 +57,7 @@ def chain(frame) -> list[tuple[str, str]] | None:
 def walk(values: dict) -> dict[str, list[tuple[str, str]]]:
     import torch.utils.data
 
-    from hvdtrain import augment
+    from hvdtrain.data import augment
     from hvdtrain.config import config_from_values
     from hvdtrain.torch import images, train
 
@@ -99,7 +99,7 @@ def main() -> None:
         make_folder(f"{tmp}/folder")
         data_dir = f"{tmp}/folder"
         if args.dataset == "shards":
-            from hvdtrain import shards
+            from hvdtrain.data import shards
             shards.main(["write", "--imagefolder", f"{tmp}/folder", "--out", f"{tmp}/shards", "--shard-mb", "0.01"])
             data_dir = f"{tmp}/shards"
         seen = walk({"model": "resnet18", "dataset": args.dataset, "data_dir": data_dir, "image_size": 32,

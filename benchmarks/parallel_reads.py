@@ -1,6 +1,6 @@
 """The reading stage of TensorFlow's and `--loader dali`'s shard readers, one rank, with a parallel
 file system's latency added to every read: one read after another (before) against the chunk's
-reads overlapped on a pool of threads (hvdtrain/parallel_reads.py), side by side.
+reads overlapped on a pool of threads (hvdtrain/data/parallel_reads.py), side by side.
 
     python benchmarks/parallel_reads.py --latency-ms 0,0.5,1 --out runs/parallel-reads
 
@@ -23,7 +23,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from data_pipeline import jpeg_folder_and_shards  # noqa: E402
 
-from hvdtrain import datasets, open_files, parallel_reads, shards  # noqa: E402
+from hvdtrain.data import datasets, open_files, parallel_reads, shards  # noqa: E402
 
 CHUNK = 64
 

@@ -7,7 +7,7 @@ ImageNet's layout (1,281,167 training samples in 1,143 shards of about 1,121, as
 (datasets.shard_blocked_order: each rank a contiguous run of the epoch's shard permutation,
 shuffled) and the DataLoader's split of a rank's batches among its workers (batch k to worker
 k mod workers): worker 0 of rank 0 reads its samples' shards through hvdtrain's OpenFiles
-(hvdtrain/open_files.py) from 1,143 real, tiny files, epoch after epoch, under the open-file limit
+(hvdtrain/data/open_files.py) from 1,143 real, tiny files, epoch after epoch, under the open-file limit
 of the process (prlimit it: a cluster's 1,024). Printed per epoch: files open at its end, the most
 at once, files opened. Writes descriptors.json and the raw per-epoch rows beside it.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from hvdtrain import datasets, open_files  # noqa: E402
+from hvdtrain.data import datasets, open_files  # noqa: E402
 
 SAMPLES, SHARDS = 1_281_167, 1_143
 

@@ -52,7 +52,7 @@ def main():
         rank, size = hvd.rank(), hvd.size()
         strategy = None
     else:
-        from hvdtrain.cluster import ClusterEnv
+        from hvdtrain.cluster.env import ClusterEnv
         from hvdtrain.tf.backend_mwms import cluster_resolver
 
         env = ClusterEnv.from_environ()

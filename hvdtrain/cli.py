@@ -8,9 +8,9 @@ import sys
 from typing import Callable, Iterable
 
 from hvdtrain.config import TrainConfig, build_parser, config_from_args
-from hvdtrain.datasets import check_imagefolder
+from hvdtrain.data.datasets import check_imagefolder
 from hvdtrain.errors import UsageError, report_and_exit
-from hvdtrain.shards import read_manifest
+from hvdtrain.data.shards import read_manifest
 
 
 def main(framework: str, models: Iterable[str], train: Callable[[TrainConfig], None],

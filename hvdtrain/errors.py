@@ -26,7 +26,7 @@ class UsageError(Exception):
 
 def rank_label(environ=None) -> str:
     """'rank R/N' from the launcher's variables, found in ClusterEnv.from_environ's order
-    (hvdtrain/cluster.py): read here, not through ClusterEnv, because cluster.py raises
+    (hvdtrain/cluster/env.py): read here, not through ClusterEnv, because env.py raises
     UsageError (an import cycle), and because reporting an error must not fail on the variables
     that may be the error (ClusterEnv also parses Slurm's task and node lists)."""
     e = os.environ if environ is None else environ

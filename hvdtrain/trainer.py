@@ -28,16 +28,17 @@ import time
 
 import numpy as np
 
-from hvdtrain import backends, options, recipes, tuning
+from hvdtrain import backends, options, recipes
+from hvdtrain.cluster import tuning
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.collectives import Collectives
 from hvdtrain.config import TrainConfig
-from hvdtrain.datasets import check_enough_samples
+from hvdtrain.data.datasets import check_enough_samples
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception
 from hvdtrain.meter import StepMeter, divergence
 from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
-from hvdtrain.netsockets import exposed, listening, loopback_settings
+from hvdtrain.cluster.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.result_file import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
 from hvdtrain.runtime import StopRequest, decode_workers, requeue_after_stop, threads_per_rank

@@ -303,7 +303,7 @@ jpeg_data() {  # JPEGs of ImageNet's size on the work dir's (local) disk, then a
 import sys, time
 sys.path.insert(0, "benchmarks")
 from data_pipeline import write_jpegs
-from hvdtrain import shards
+from hvdtrain.data import shards
 root, count = sys.argv[1], int(sys.argv[2])
 start = time.perf_counter()
 kb = write_jpegs(f"{root}/folder", count, classes=100)
@@ -370,7 +370,7 @@ launch2() {  # COMMAND...: two ranks on this machine, sharing its GPU
     # the MPI brought in FILES is not what is checked here. Horovod ignores them.
     local launcher=(mpirun -np 2 --tag-output --bind-to none --oversubscribe)
     [ "$(cat "$WORK/shared-launcher" 2>/dev/null)" != horovodrun ] || launcher=(horovodrun -np 2 -H localhost:2 --gloo)
-    "${launcher[@]}" env HVDTRAIN_SHARE_GPU=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$("$PY" -c 'from hvdtrain.cluster import free_port; print(free_port())')" \
+    "${launcher[@]}" env HVDTRAIN_SHARE_GPU=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$("$PY" -c 'from hvdtrain.cluster.env import free_port; print(free_port())')" \
         ${preload:+LD_PRELOAD=$preload} "$@"
 }
 shared_common() {  # the shared runs' options: SHARED_BATCH a rank, SHARED_STEPS steps an epoch

@@ -24,7 +24,7 @@ import pytest
 # build torch models or optimizers in-process after a TF test need it loaded already.
 import torch._dynamo  # noqa: F401
 
-from hvdtrain.cluster import free_port  # noqa: F401 - the tests' one free_port, re-exported
+from hvdtrain.cluster.env import free_port  # noqa: F401 - the tests' one free_port, re-exported
 from hvdtrain.launch import launch_command, root_variables
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,8 +219,8 @@ def assert_weights_equal(ckpt_dir_a, ckpt_dir_b, atol: float = 1e-6) -> dict:
 def digits_shards(root) -> str:
     """Digit JPEGs (24 px) written as tar shards under `root`: 200 training images in several
     shards and 49 validation ones (odd: the ranks' exact validation shards differ in size)."""
-    from hvdtrain import shards
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data import shards
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     folder = write_digits_imagefolder(os.path.join(root, "folder"), per_class_train=20, per_class_val=5, size=24,
                                       fmt="jpg")

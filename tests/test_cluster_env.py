@@ -1,10 +1,10 @@
-"""ClusterEnv (hvdtrain/cluster.py) reads SLURM's task variables, hostlists and tasks-per-node
+"""ClusterEnv (hvdtrain/cluster/env.py) reads SLURM's task variables, hostlists and tasks-per-node
 strings; hostlists expand with python-hostlist, or with `scontrol show hostnames` without it."""
 import sys
 
 import pytest
 
-from hvdtrain.cluster import ClusterEnv, expand_hostlist, gpu_for_rank
+from hvdtrain.cluster.env import ClusterEnv, expand_hostlist, gpu_for_rank
 from hvdtrain.errors import UsageError
 
 
@@ -83,7 +83,7 @@ def test_a_rendezvous_port_is_free_and_below_the_kernels_ephemeral_range(tmp_pat
     range leaves no room below it."""
     import socket
 
-    from hvdtrain import cluster
+    from hvdtrain.cluster import env as cluster
 
     low, _ = cluster.ephemeral_ports()
     ports = {cluster.free_port() for _ in range(20)}

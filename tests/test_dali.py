@@ -176,7 +176,7 @@ def test_without_dali_the_loader_is_one_line(shard_dir, tmp_path):
 
 
 def test_crop_windows_follow_random_resized_crop_and_the_sample():
-    from hvdtrain import augment
+    from hvdtrain.data import augment
 
     flips = 0
     for index in range(200):
@@ -243,7 +243,7 @@ def test_dali_crops_the_window_torchvision_means(dali_path):
 SAME_CROPS = r"""
 import json, sys
 import numpy as np
-from hvdtrain import augment
+from hvdtrain.data import augment
 paths, size, seed, epoch = json.loads(sys.argv[2]), 64, 42, 3
 out = {}
 if sys.argv[1] == "tensorflow":
@@ -286,7 +286,7 @@ np.savez(sys.argv[3], **{f"{split}{i}": x for split, xs in out.items() for i, x 
 
 @pytest.mark.slow
 def test_torch_dali_and_tensorflow_take_the_same_crops(dali_path, tmp_path):
-    """hvdtrain/augment.py's windows (training: crop and flip per (seed, epoch, sample); validation:
+    """hvdtrain/data/augment.py's windows (training: crop and flip per (seed, epoch, sample); validation:
     the centre) through torch, DALI's CPU mode, TensorFlow and TensorFlow's DALI loader, on non-square images whose every
     region differs (red across, green down, a blue pattern): the pixels agree to within the
     decoders' and resize filters' differences, far closer than to another sample's crop."""

@@ -1,4 +1,4 @@
-"""hvdtrain.datasets: the digits read without importing scikit-learn are scikit-learn's digits.
+"""hvdtrain.data.datasets: the digits read without importing scikit-learn are scikit-learn's digits.
 
     python -m pytest -q tests/test_datasets.py
 """
@@ -7,7 +7,7 @@ import importlib.util
 import numpy as np
 from sklearn.datasets import load_digits
 
-from hvdtrain import datasets
+from hvdtrain.data import datasets
 
 
 def test_digits_read_from_the_file_equal_load_digits():

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hvdtrain.cluster import bound_per_task, gpu_for_rank, node_gpus
+from hvdtrain.cluster.env import bound_per_task, gpu_for_rank, node_gpus
 from hvdtrain.errors import UsageError
 
 # One task of a 4-task step on a 4-GPU node, as srun sets it (SLURM_LOCALID 2).
@@ -151,7 +151,7 @@ def test_mwms_reduces_with_nccl_on_gpus():
 def test_ranks_share_a_gpu_only_when_asked_in_the_test_mode():
     """HVDTRAIN_SHARE_GPU=1 (issue 47): on a machine with one GPU, several ranks take turns on it,
     which is how the multi-rank GPU paths run at all there; without it, the refusal above."""
-    from hvdtrain.cluster import SHARE_GPU_VARIABLE, shares_gpu
+    from hvdtrain.cluster.env import SHARE_GPU_VARIABLE, shares_gpu
 
     one_gpu = {**SRUN_TASK, "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "1",
                "CUDA_VISIBLE_DEVICES": "0"}
@@ -172,7 +172,7 @@ def test_ranks_share_a_gpu_only_when_asked_in_the_test_mode():
 
 
 def test_shared_gpu_needs_nccl_2_30_and_ddp_falls_back_to_gloo_below():
-    from hvdtrain.cluster import shared_gpu_nccl_problem
+    from hvdtrain.cluster.env import shared_gpu_nccl_problem
     from hvdtrain.torch.torch_distributed import process_group_backend
 
     assert shared_gpu_nccl_problem((2, 30, 7)) is None and shared_gpu_nccl_problem((2, 31, 0)) is None

@@ -333,7 +333,7 @@ def test_bus_bandwidth_is_nccl_tests_definition():
 def test_gpu_node_with_a_horovod_built_without_gpu_ops():
     """A Horovod built on a login node without the CUDA module, run on a GPU node: one line that
     says so and what to do (the doctor reports it, hvdtrain.torch refuses with it)."""
-    from hvdtrain.horovod_ops import gpu_ops_problem
+    from hvdtrain.cluster.horovod_ops import gpu_ops_problem
 
     line = gpu_ops_problem(4, cuda_built=False, nccl_built=False, horovod_version="0.28.1")
     assert line.startswith("4 GPU(s) here, but Horovod 0.28.1 is built without CUDA and NCCL ops"), line

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.datasets import BadSample
+from hvdtrain.data.datasets import BadSample
 import loaders
 from hvdtrain.torch import loader
 from hvdtrain.torch.feeder import DeviceFeeder

@@ -94,7 +94,7 @@ def test_gpu_template_options_checkpoint_and_resume_under_every_torch_backend(tm
     (before: rank 0 alone loaded it, the others restarted at 65536 and the ranks drifted apart
     silently), and write their own checkpoint. Lightning runs the options with bf16: it refuses
     fp16 AMP on a CPU, and hvdtrain's checkpoints with it."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     template = gpu_template_options()
     assert template[:2] == ["--model", "resnet50"] and "--amp" in template, template

@@ -14,7 +14,7 @@ import pytest
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
-from hvdtrain.datasets import BadSample
+from hvdtrain.data.datasets import BadSample
 from hvdtrain.errors import UsageError
 from hvdtrain.watchdog import FLOOR_SECONDS, Watchdog, horovod_stall_settings
 
@@ -156,14 +156,14 @@ def test_watchdog_limit():
 
 def test_bad_sample_from_a_worker_keeps_its_own_line():
     worker_text = ("Caught BadSample in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
-                   '  File "x.py", line 1, in f\nhvdtrain.datasets.BadSample: cannot read image /d/a.png '
+                   '  File "x.py", line 1, in f\nhvdtrain.data.datasets.BadSample: cannot read image /d/a.png '
                    "(UnidentifiedImageError: cannot identify image file)\n")
     assert str(BadSample(worker_text)) == "cannot read image /d/a.png (UnidentifiedImageError: cannot identify image file)"
     assert str(BadSample("cannot read image /d/b.png")) == "cannot read image /d/b.png"
 
 
 def test_an_empty_class_folder_is_named_in_one_line(tmp_path):
-    from hvdtrain.datasets import check_imagefolder, write_digits_imagefolder
+    from hvdtrain.data.datasets import check_imagefolder, write_digits_imagefolder
 
     root = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=1, per_class_val=1, size=8)
     assert check_imagefolder(root) == [str(c) for c in range(10)]

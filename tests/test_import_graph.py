@@ -125,6 +125,53 @@ def test_hvdtrain_has_no_import_cycle():
         + "\n".join("  " + " -> ".join(cycle) for cycle in found)
 
 
+# The architecture, as what each part may import. A part is a package under hvdtrain/ or a
+# top-level module. The input pipeline's and the cluster's packages stand below the trainer and
+# know nothing of it; checkpoints know the options only; the trainer core (the top-level modules)
+# knows no framework and no tool; a framework knows no other (Lightning's strategy builds on
+# torch's) and no tool; the tools (the comparison, the doctor, the sbatch generator) may use all.
+FRAMEWORKS = {"torch", "tf", "lightning"}
+TOOLS = {"compare", "doctor", "slurm"}
+MAY_IMPORT_ONLY = {
+    "data": {"errors", "report", "cluster"},
+    "cluster": {"errors", "report", "watchdog"},
+    "checkpoint": {"config", "errors", "options", "report", "test_hooks", "watchdog"},
+}
+NEVER = {"torch": {"tf", "lightning"} | TOOLS, "tf": {"torch", "lightning"} | TOOLS, "lightning": {"tf"} | TOOLS}
+
+
+def part(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def disallowed_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in graph.items():
+        mine = part(module)
+        for other in sorted({part(m) for m in imported} - {mine, PACKAGE}):
+            core = mine not in FRAMEWORKS | TOOLS | set(MAY_IMPORT_ONLY)
+            if (mine in MAY_IMPORT_ONLY and other not in MAY_IMPORT_ONLY[mine]) or other in NEVER.get(mine, ()) \
+                    or (core and other in FRAMEWORKS | TOOLS):
+                found.append(f"{module} imports hvdtrain.{other}")
+    return found
+
+
+def test_each_part_imports_only_what_the_architecture_allows():
+    found = disallowed_imports(import_graph())
+    assert not found, "imports against the layering (tests/test_import_graph.py's MAY_IMPORT_ONLY, NEVER):\n" \
+        + "\n".join("  " + line for line in found)
+
+
+def test_the_layering_check_finds_an_upward_import():
+    graph = {"hvdtrain.data.shards": {"hvdtrain.trainer"}, "hvdtrain.trainer": {"hvdtrain.torch.train"},
+             "hvdtrain.torch.loop": {"hvdtrain.tf.data", "hvdtrain.data.augment"},
+             "hvdtrain.lightning.data": {"hvdtrain.torch.loader"}, "hvdtrain.tf.train": {"hvdtrain.doctor.cli"}}
+    assert disallowed_imports(graph) == ["hvdtrain.data.shards imports hvdtrain.trainer",
+                                         "hvdtrain.trainer imports hvdtrain.torch",
+                                         "hvdtrain.torch.loop imports hvdtrain.tf",
+                                         "hvdtrain.tf.train imports hvdtrain.doctor"]
+
+
 def test_the_graph_sees_lazy_and_relative_imports_and_finds_a_cycle(tmp_path):
     pkg = tmp_path / PACKAGE
     (pkg / "sub").mkdir(parents=True)
@@ -142,9 +189,9 @@ def test_the_graph_sees_lazy_and_relative_imports_and_finds_a_cycle(tmp_path):
 
 
 def test_the_error_lines_rank_is_cluster_envs():
-    """errors.rank_label reads the launcher's variables itself (cluster.py imports errors):
+    """errors.rank_label reads the launcher's variables itself (cluster/env.py imports errors):
     under every launcher it names the rank and size ClusterEnv finds."""
-    from hvdtrain.cluster import ClusterEnv
+    from hvdtrain.cluster.env import ClusterEnv
     from hvdtrain.errors import rank_label
 
     slurm = {"SLURM_PROCID": "3", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "4",

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from conftest import PYTHON, REPO, base_env, launch
-from hvdtrain.datasets import write_digits_imagefolder
+from hvdtrain.data.datasets import write_digits_imagefolder
 
 pytestmark = pytest.mark.slow  # real ranks: the distributed tier
 

@@ -51,7 +51,7 @@ def test_config_refuses_bad_values(field, value, says):
 
 
 def test_image_folders_are_checked_before_training(tmp_path):
-    from hvdtrain.datasets import check_enough_samples, check_imagefolder
+    from hvdtrain.data.datasets import check_enough_samples, check_imagefolder
 
     with pytest.raises(UsageError, match=f"data dir '{tmp_path / 'nowhere'}' does not exist"):
         check_imagefolder(str(tmp_path / "nowhere"))

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, REPO, base_env
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.errors import UsageError
-from hvdtrain.horovod_ops import check_launcher_agrees
+from hvdtrain.cluster.horovod_ops import check_launcher_agrees
 
 # Task 1 of `srun -n 2 --mpi=none` on one node, as srun sets it.
 SRUN_TASK_1 = {"SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2",
@@ -35,7 +35,7 @@ def test_ddp_store_under_srun_without_pmix_says_use_pmix():
     env = {k: v for k, v in base_env().items()
            if not k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMIX_", "PMI_", "MASTER_", "HOROVOD_"))}
     env.update(SRUN_TASK_1)
-    code = ("from hvdtrain.cluster import ClusterEnv\n"
+    code = ("from hvdtrain.cluster.env import ClusterEnv\n"
             "from hvdtrain.errors import UsageError\n"
             "from hvdtrain.torch.torch_distributed import _store_for\n"
             "try:\n"

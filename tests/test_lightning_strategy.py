@@ -242,7 +242,7 @@ def test_the_comparison_runs_a_users_module_under_ddp_and_horovod(tmp_path):
 def test_the_course_shaped_example_trains_on_hvdtrains_shards(tmp_path):
     """torch_examples/lightning_imagenet.py (torchvision ResNet, hvdtrain.lightning.ImageDataModule,
     torchmetrics, strategy="horovod") on digit images in hvdtrain's shards, 2 ranks."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     folder = write_digits_imagefolder(str(tmp_path / "digits"), size=32)
     run([PYTHON, "-m", "hvdtrain.shards", "write", "--imagefolder", folder, "--out", str(tmp_path / "shards"),

@@ -1,4 +1,4 @@
-"""hvdtrain/open_files.py: a process reading samples of more shards than its open-file limit holds
+"""hvdtrain/data/open_files.py: a process reading samples of more shards than its open-file limit holds
 keeps at most that many open, closes the least recently read, never one a thread is reading, and
 reads the right bytes throughout; the soft limit is raised to the hard one; over many epochs the
 files of earlier ones close; the readers of one process share its budget; most reads reopening a
@@ -14,12 +14,12 @@ import pytest
 
 from conftest import REPO, base_env
 
-from hvdtrain import open_files
+from hvdtrain.data import open_files
 from hvdtrain.errors import UsageError
 
 CHILD = r"""
 import os, random, resource, sys, threading
-from hvdtrain import open_files
+from hvdtrain.data import open_files
 
 folder, count = sys.argv[1], int(sys.argv[2])
 paths = [os.path.join(folder, f"shard-{i:03d}") for i in range(count)]
@@ -100,7 +100,7 @@ def test_a_worker_gets_no_descriptor_of_its_parent(shard_files):
 
 EPOCHS = r"""
 import os, random, sys
-from hvdtrain import open_files
+from hvdtrain.data import open_files
 
 folder, count, per_epoch, epochs, reads_each = sys.argv[1], *map(int, sys.argv[2:6])
 files = open_files.OpenFiles([os.path.join(folder, f"shard-{i:03d}") for i in range(count)])
@@ -135,7 +135,7 @@ def test_the_files_of_earlier_epochs_close_over_a_long_run(shard_files, reads_ea
 
 BUDGET = r"""
 import os, random, sys
-from hvdtrain import open_files
+from hvdtrain.data import open_files
 
 folder = sys.argv[1]
 paths = [os.path.join(folder, f"shard-{i:03d}") for i in range(300)]
@@ -164,13 +164,13 @@ def test_the_readers_of_one_process_share_its_budget_and_most_reads_reopening_is
 
 
 def test_many_reads_overlap_on_threads_in_order_and_the_first_failure_is_raised():
-    """hvdtrain/parallel_reads.py (TensorFlow's chunks and --loader dali): the reads of a chunk wait
+    """hvdtrain/data/parallel_reads.py (TensorFlow's chunks and --loader dali): the reads of a chunk wait
     on the file system side by side, not one after another, and come back in the indices' order;
     a failing read raises as the loop would, the first in order."""
     import threading
     import time
 
-    from hvdtrain.parallel_reads import read_many
+    from hvdtrain.data.parallel_reads import read_many
 
     lock, now, most = threading.Lock(), [0], [0]
 

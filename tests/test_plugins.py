@@ -42,7 +42,7 @@ def test_references_load_a_users_model_data_and_loss():
 
 
 def test_a_built_in_model_on_a_users_image_dataset_takes_its_classes(plugin, tmp_path):
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     root = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=1, per_class_val=1, size=16)
     path = plugin("images", f"""

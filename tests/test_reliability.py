@@ -59,7 +59,7 @@ def freeze_rank1(tmp_path, trainer: str) -> dict:
     job = {"tmp_path": tmp_path, "ckpt_dir": ckpt_dir, "failure": None}
     try:
         wait_for("the first checkpoint", lambda: list_checkpoints(str(ckpt_dir)), 240, proc)
-        from hvdtrain.netsockets import listening
+        from hvdtrain.cluster.netsockets import listening
 
         job["pids"] = {rank: rank_pids(str(ckpt_dir), rank) for rank in (0, 1)}
         job["sockets"] = {rank: listening(p[0]) if len(p) == 1 else [] for rank, p in job["pids"].items()}
@@ -155,7 +155,7 @@ def test_watchdog_ends_the_job_when_a_rank_blocks_reading_data(tmp_path):
     """A validation image that is a FIFO nobody writes: the DataLoader worker whose batch holds it
     blocks in open() (as on a stalled file system), its rank waits for the worker, the other rank
     in the allreduce. The watchdog ends the job, and the blocked worker goes with its rank."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     root = tmp_path / "data"
     write_digits_imagefolder(str(root))
@@ -185,7 +185,7 @@ def test_many_epoch_boundaries_never_stall_and_leave_no_process(tmp_path, backen
     stalled at epoch 13 and 17 that way when workers started anew each epoch; the horovod-0 case
     starts none). Many one-step epochs in a row at np 2 end with every epoch recorded and within the
     watchdog's 60 s at every step, and nothing of the job is left once it has ended."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     root = write_digits_imagefolder(str(tmp_path / "data"), per_class_train=2, per_class_val=1, size=8)
     result = tmp_path / "result.json"
@@ -384,7 +384,7 @@ def test_disk_full_at_save_ends_every_rank_and_keeps_the_previous_checkpoint(tmp
 
 
 def test_corrupt_image_is_named_in_one_line(tmp_path):
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     root = tmp_path / "data"
     write_digits_imagefolder(str(root))
@@ -425,7 +425,7 @@ def test_ranks_on_one_host_listen_on_loopback_only(frozen_torch_job):
     """Under mpirun on one machine Open MPI's TCP transport listened on 0.0.0.0 and [::] in every
     rank: hvdtrain keeps them off the network (shared memory between ranks of one host), and
     the doctor says what listens where; a user's own OMPI_MCA_btl wins."""
-    from hvdtrain.netsockets import exposed, listening
+    from hvdtrain.cluster.netsockets import exposed, listening
 
     # A torch job on 2 ranks after its first checkpoint (the watchdog test's, before its freeze).
     pids, sockets = frozen_torch_job["pids"], frozen_torch_job["sockets"]
@@ -453,7 +453,7 @@ def test_a_rank_crashing_after_hvd_init_names_its_python_stack_then_open_mpis():
     Python line, then Open MPI's handler still runs."""
     code = ("import ctypes, horovod.torch as hvd\n"
             "from hvdtrain.config import TrainConfig\n"
-            "from hvdtrain.horovod_ops import start_horovod\n"
+            "from hvdtrain.cluster.horovod_ops import start_horovod\n"
             "start_horovod(hvd, TrainConfig(), on_cpu=True)\n"
             "def crash_here():\n"
             "    ctypes.string_at(0)\n"

@@ -1,4 +1,4 @@
-"""Tar shards (hvdtrain/shards.py) and the uint8 image pipeline (hvdtrain/torch/images.py), in one
+"""Tar shards (hvdtrain/data/shards.py) and the uint8 image pipeline (hvdtrain/torch/images.py), in one
 process: what is written reads back exactly, in WebDataset's layout; damage is one line naming the
 shard and the member; an unfinished conversion is refused. The distributed tier trains from them
 (tests/test_shards_training.py)."""
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import PYTHON
-from hvdtrain import shards
-from hvdtrain.datasets import BadSample, write_digits_imagefolder
+from hvdtrain.data import shards
+from hvdtrain.data.datasets import BadSample, write_digits_imagefolder
 from hvdtrain.errors import UsageError
 
 
@@ -188,7 +188,7 @@ def test_the_tf_trainer_checks_the_shard_directory_before_importing_tensorflow(f
 
 
 def test_shards_given_as_an_image_folder_say_which_option_reads_them(folder, tmp_path):
-    from hvdtrain.datasets import check_imagefolder
+    from hvdtrain.data.datasets import check_imagefolder
 
     written = str(tmp_path / "shards")
     shards.write(written, *shards.imagefolder_sources(folder), progress=False)
@@ -201,7 +201,7 @@ def test_shards_given_as_an_image_folder_say_which_option_reads_them(folder, tmp
 def test_each_rank_reads_a_few_shards_an_epoch_each_sample_once_and_as_many_as_every_other_rank():
     import numpy as np
 
-    from hvdtrain.datasets import shard_blocked_order
+    from hvdtrain.data.datasets import shard_blocked_order
 
     # ImageNet's 1,100 shards and 256 ranks, 40 samples a shard (1,164 in ImageNet: the same shape, faster)
     sample_shards = np.repeat(np.arange(1_100), 40)[np.random.default_rng(5).permutation(1_100 * 40)]
@@ -224,7 +224,7 @@ def test_each_rank_reads_a_few_shards_an_epoch_each_sample_once_and_as_many_as_e
 
 
 def test_exact_validation_gives_each_rank_one_block_of_samples():
-    from hvdtrain.datasets import exact_shard
+    from hvdtrain.data.datasets import exact_shard
 
     blocks = [exact_shard(50_000, rank, 256) for rank in range(256)]
     assert [i for b in blocks for i in b] == list(range(50_000))  # each once, in blocks: a few shards each
@@ -249,7 +249,7 @@ def test_the_index_is_memory_mapped_and_not_pickled_into_workers(folder, tmp_pat
     copy = pickle.loads(sent)
     assert isinstance(copy.index["offset"], np.memmap) and copy.read(5) == reader.read(5)
     # A process maps its index through one open of the file (a worker's start: not one per column).
-    count = ("import sys\nfrom hvdtrain import shards\nopens = []\n"
+    count = ("import sys\nfrom hvdtrain.data import shards\nopens = []\n"
              "sys.addaudithook(lambda e, a: opens.append(a[0]) if e == 'open' and str(a[0]).endswith('index.npz') else 0)\n"
              f"shards.load_index({os.path.join(out, 'train', 'index.npz')!r})\nprint(len(opens))\n")
     assert subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, check=True).stdout == "1\n"
@@ -262,7 +262,7 @@ def test_the_index_is_memory_mapped_and_not_pickled_into_workers(folder, tmp_pat
 def test_the_torch_loader_reads_shards_in_the_shard_blocked_order(folder, tmp_path):
     import loaders
     from hvdtrain.config import TrainConfig
-    from hvdtrain.datasets import shard_blocked_order
+    from hvdtrain.data.datasets import shard_blocked_order
     from hvdtrain.torch import data, images
 
     out = str(tmp_path / "shards")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conftest import PYTHON, assert_job_failed_with, assert_weights_equal, digits_shards, launch
-from hvdtrain import shards
+from hvdtrain.data import shards
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_more_shards_than_open_files_train_an_epoch_with_several_workers(tmp_pat
     """Issue 46's reduced case: 320 training shards, a hard open-file limit of 400 (nothing to
     raise the soft one to: 144 shards kept open per process), one rank reading them all with 3
     decode workers: the epoch trains, validates every sample and ends."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     folder = write_digits_imagefolder(str(tmp_path / "folder"), per_class_train=64, per_class_val=4, size=16, fmt="jpg")
     data = str(tmp_path / "shards")

@@ -101,7 +101,7 @@ def test_doctor_template_job_is_ready(slurm_cluster, tmp_path):
 def imagefolder_job(slurm_cluster, tmp_path_factory):
     """An sbatch script training on an imagefolder with 2 DataLoader workers per rank (the
     ImageNet case), and its uninterrupted run as the reference."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     d = tmp_path_factory.mktemp("imagefolder-job")
     write_digits_imagefolder(str(d / "data"))

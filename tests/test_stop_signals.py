@@ -29,7 +29,7 @@ TRIALS = int(os.environ.get("HVDTRAIN_STOP_TRIALS", "3"))
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     # 20 training images: one step of 8 per rank and epoch at 2 ranks; 10 for validation.
     return write_digits_imagefolder(str(tmp_path_factory.mktemp("tiny") / "data"), per_class_train=2,

@@ -75,7 +75,7 @@ def test_own_keras_fit_on_image_files_read_by_hvdtrain(tmp_path):
     files through hvd.image_data (the trainer's order and crops: tests/test_tf_trainer.py compares
     the batches), rank 0's checkpoint each epoch, every validation image scored once (25 of the 50
     on rank 0), the same weights on both ranks."""
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     root = write_digits_imagefolder(str(tmp_path / "jpeg"), per_class_train=20, per_class_val=5, fmt="jpeg")
     ckpt_dir = str(tmp_path / "ckpt")

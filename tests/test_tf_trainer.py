@@ -260,9 +260,9 @@ def test_image_augmentations_are_drawn_per_sample_not_from_a_stream(tmp_path, da
     dropout still differs from an uninterrupted one: dropout draws from a stream.)"""
     import numpy as np
 
-    from hvdtrain import shards
+    from hvdtrain.data import shards
     from hvdtrain.config import TrainConfig
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
     from hvdtrain.tf.data import build_data
 
     root = write_digits_imagefolder(str(tmp_path / "png"), per_class_train=4, per_class_val=1, size=16)
@@ -322,7 +322,7 @@ def test_the_gpus_uint8_batches_normalised_in_the_step_are_the_maps_floats(tmp_p
     import tensorflow as tf
 
     from hvdtrain.config import TrainConfig
-    from hvdtrain.datasets import IMAGENET_STD, write_digits_imagefolder
+    from hvdtrain.data.datasets import IMAGENET_STD, write_digits_imagefolder
     from hvdtrain.tf import devices
     from hvdtrain.tf.data import build_data, model_input
 
@@ -349,12 +349,12 @@ def test_the_gpus_uint8_batches_normalised_in_the_step_are_the_maps_floats(tmp_p
 
 
 def test_tensorflow_computes_the_windows_of_the_one_rule():
-    """hvdtrain/augment.py's windows computed in TensorFlow's ops (what its pipeline's map runs,
+    """hvdtrain/data/augment.py's windows computed in TensorFlow's ops (what its pipeline's map runs,
     with no call into Python per image) are Python's, to the pixel: on ImageNet-like shapes and on
     extreme ones, where the centre-crop fallback is taken."""
     import tensorflow as tf
 
-    from hvdtrain import augment
+    from hvdtrain.data import augment
     from hvdtrain.tf.data import _window_from_draws
 
     shapes = [(375, 500), (500, 375), (10, 1000), (1000, 10), (1, 1), (2, 3), (333, 500), (4000, 3000)]
@@ -376,9 +376,9 @@ def test_a_bad_image_file_is_named_in_one_line(tmp_path):
     line naming it: a file that is no image in training (a folder, Keras fit, 2 ranks), a shard
     member whose bytes differ from the manifest's CRC-32 in validation (the custom loop; a flipped
     byte often still decodes). The data's own search finds nothing in good files."""
-    from hvdtrain import shards
+    from hvdtrain.data import shards
     from hvdtrain.config import TrainConfig
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
     from hvdtrain.tf.data import build_data
 
     root = write_digits_imagefolder(str(tmp_path / "png"), per_class_train=6, per_class_val=2, size=12)
@@ -432,8 +432,8 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
     A small convolutional model with BatchNorm (its moving statistics restored too) and no
     dropout, whose TF draws come from a stream a checkpoint does not hold: ResNet-18 did the same
     at 6 s more a launch."""
-    from hvdtrain import shards
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data import shards
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     folder = write_digits_imagefolder(str(tmp_path / "folder"), per_class_train=4, per_class_val=1, size=32)
     data = str(tmp_path / "shards")

@@ -157,7 +157,7 @@ def test_a_resize_at_imagenet_scale_loses_and_repeats_nothing():
     order's from sample 614,400: 25.1 % of the epoch never seen, 24.8 % seen twice."""
     import numpy as np
 
-    from hvdtrain import datasets
+    from hvdtrain.data import datasets
 
     n = 1_281_167
     shards = np.arange(n) * 1100 // n

@@ -209,7 +209,7 @@ def test_resnet50_synthetic_under_horovodrun_gloo(resnet50_horovodrun):
 
 
 def test_imagefolder_of_real_images_trains(tmp_path):
-    from hvdtrain.datasets import write_digits_imagefolder
+    from hvdtrain.data.datasets import write_digits_imagefolder
 
     root = write_digits_imagefolder(str(tmp_path / "digits-png"), per_class_train=16, per_class_val=5, size=16)
     result, _ = run_trainer(tmp_path, "folder", "mpirun", 2,

@@ -4,7 +4,7 @@ really in force in a launched trainer."""
 import json
 
 from conftest import PYTHON, base_env, launch
-from hvdtrain.tuning import apply, horovod_settings
+from hvdtrain.cluster.tuning import apply, horovod_settings
 
 
 def test_cpu_ranks_yield():

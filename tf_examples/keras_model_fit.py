@@ -13,7 +13,7 @@ is fit's options as JSON, e.g. '{"epochs": 3, "checkpoint_dir": "ckpt", "result_
 import json
 import sys
 
-from hvdtrain.datasets import digits_split
+from hvdtrain.data.datasets import digits_split
 from hvdtrain.tf import keras_compat
 
 options = {"epochs": 8, "batch_size": 32, "optimizer": "adam", "base_lr": 0.003, "threads_per_rank": 1,

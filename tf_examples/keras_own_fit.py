@@ -1,5 +1,5 @@
 """Your own Keras model, compile and `model.fit`, with hvdtrain's callbacks: on the 8x8
-handwritten digits (hvdtrain.datasets.digits_split(): scikit-learn's, no download).
+handwritten digits (hvdtrain.data.datasets.digits_split(): scikit-learn's, no download).
 
     mpirun -np 2 python tf_examples/keras_own_fit.py --checkpoint-dir ckpt
     srun --mpi=pmix -n 2 python tf_examples/keras_own_fit.py --checkpoint-dir ckpt
@@ -16,7 +16,7 @@ import argparse
 import hashlib
 
 import hvdtrain.tf  # hvdtrain:
-from hvdtrain.datasets import digits_split  # hvdtrain: the example's data (yours: any arrays)
+from hvdtrain.data.datasets import digits_split  # hvdtrain: the example's data (yours: any arrays)
 
 parser = argparse.ArgumentParser(description="a Keras model of your own, fit with hvdtrain's callbacks")
 parser.add_argument("--epochs", type=int, default=8)

@@ -8,7 +8,7 @@ keras_own_fit.py (checkpoints, resume, stop signals, the watchdog).
 
 No images at hand? The real 8x8 digits as JPEG files (scikit-learn's, no download):
 
-    python -c "from hvdtrain.datasets import write_digits_imagefolder as w; w('digits-jpeg', 1000, 1000, fmt='jpeg')"
+    python -c "from hvdtrain.data.datasets import write_digits_imagefolder as w; w('digits-jpeg', 1000, 1000, fmt='jpeg')"
 
 Stated result on those (1,400 training and 397 validation images of 32 px), 2 ranks, the default
 10 epochs: rank 0 prints `val_accuracy=...` >= 0.5 (0.65 on 2026-11-27, and the same on a rerun:

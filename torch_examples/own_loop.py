@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtrain.torch.loop
-from hvdtrain.datasets import digits_split
+from hvdtrain.data.datasets import digits_split
 from hvdtrain.result_file import checksum_arrays
 from hvdtrain.torch.data import ArrayDataset
 from hvdtrain.torch.models import MnistCNN

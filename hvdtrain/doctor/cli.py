@@ -39,10 +39,11 @@ import sys
 import threading
 import time
 
-from hvdtrain.cluster import ClusterEnv, shared_gpu_nccl_problem
-from hvdtrain.horovod_ops import gpu_ops_problem
+from hvdtrain.cluster.env import ClusterEnv, shared_gpu_nccl_problem
+from hvdtrain.cluster.horovod_ops import gpu_ops_problem
 from hvdtrain.runtime import threads_per_rank
-from hvdtrain import checkpoint, netsockets, test_hooks, tuning
+from hvdtrain import checkpoint, test_hooks
+from hvdtrain.cluster import netsockets, tuning
 from hvdtrain.report import say
 from hvdtrain.doctor.collectives import (TFOps, TorchOps, _mpi_library, _one_line, bus_bandwidth,
                                          mpi4py_for_comparison, time_mpi_allreduce)

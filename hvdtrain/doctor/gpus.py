@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from hvdtrain.cluster import gpu_for_rank
+from hvdtrain.cluster.env import gpu_for_rank
 from hvdtrain.errors import UsageError
 
 
@@ -35,7 +35,7 @@ def gpu_problems(host: str, framework_gpus: int, sched_gpus: int | None, refusal
 
 def rank_gpu(local_rank: int, local_size: int, visible: int, environ=None) -> tuple[int | None, str | None]:
     """(the GPU index this rank trains on, None for the CPU; None, or why it would refuse to
-    train): hvdtrain.cluster.gpu_for_rank, which the trainers call, so that the doctor checks
+    train): hvdtrain.cluster.env.gpu_for_rank, which the trainers call, so that the doctor checks
     the device the trainer will use (under per-task binding each task's own GPU 0, not
     cuda:local_rank, which does not exist there) and names the refusal the trainer would make.
     Where the framework sees no GPU but the scheduler gave some (reported apart, by

@@ -112,7 +112,7 @@ def run_one(args) -> None:
     import torch
 
     import hvdtrain.lightning  # noqa: F401  - registers "horovod"
-    from hvdtrain.cluster import ClusterEnv
+    from hvdtrain.cluster.env import ClusterEnv
     from hvdtrain.runtime import threads_per_rank
 
     build_module = plugins.load(args.module, "--module")

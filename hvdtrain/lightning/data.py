@@ -24,7 +24,7 @@ import os
 
 import lightning.pytorch as pl
 
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import decode_workers, threads_per_rank

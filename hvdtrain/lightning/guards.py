@@ -33,7 +33,7 @@ import lightning.pytorch as pl
 import torch
 
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.meter import Votes, divergence
 from hvdtrain.errors import UsageError

@@ -35,12 +35,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
-from hvdtrain import tuning
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster import tuning
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, in_one_line, report_and_exit
 from hvdtrain.lightning.guards import Guards
-from hvdtrain.netsockets import loopback_settings
+from hvdtrain.cluster.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
@@ -58,7 +58,7 @@ OPS = ("average", "adasum")
 
 
 def export_mpi_settings() -> None:
-    """hvdtrain's Open MPI settings (hvdtrain/tuning.py, hvdtrain/netsockets.py) into this process's
+    """hvdtrain's Open MPI settings (hvdtrain/cluster/tuning.py, hvdtrain/cluster/netsockets.py) into this process's
     environment, before anything starts MPI. `Trainer(strategy="horovod")` looks for its cluster
     before it makes the strategy, and under mpirun Lightning's MPIEnvironment starts MPI (mpi4py)
     then; Open MPI reads its settings once, at that start. Without them, CPU ranks' MPI polls

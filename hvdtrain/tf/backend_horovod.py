@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.horovod_ops import import_horovod, start_horovod
+from hvdtrain.cluster.horovod_ops import import_horovod, start_horovod
 from hvdtrain.tf.backend import TFBackend
 from hvdtrain.tf.devices import pin_gpu, tf_variable
 

@@ -19,8 +19,8 @@ import socket
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.cluster import ClusterEnv, free_port
-from hvdtrain.horovod_ops import check_launcher_agrees
+from hvdtrain.cluster.env import ClusterEnv, free_port
+from hvdtrain.cluster.horovod_ops import check_launcher_agrees
 from hvdtrain.tf import internals
 from hvdtrain.tf.backend import TFBackend
 from hvdtrain.tf.devices import pin_gpu

@@ -1,6 +1,6 @@
 """`--loader dali` for TensorFlow: NVIDIA DALI decodes the image files, through its TensorFlow
 plugin (DALIDatasetWithInputs), on the GPU (nvJPEG) or in its CPU mode (device_id=None), which runs
-the same graph: the test suite runs it under mpirun. The graph is torch's (hvdtrain/dali_graph.py).
+the same graph: the test suite runs it under mpirun. The graph is torch's (hvdtrain/data/dali_graph.py).
 
     pip install nvidia-dali-cuda130
     pip install --no-build-isolation nvidia-dali-tf-plugin-cuda130   # built for the installed TF
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdtrain import dali_graph
+from hvdtrain.data import dali_graph
 from hvdtrain.errors import UsageError
 
 HEADER = 25  # bytes: window 16, label 8, flip 1

@@ -1,4 +1,4 @@
-"""tf.data pipelines built from hvdtrain.datasets: the same samples and split as the torch
+"""tf.data pipelines built from hvdtrain.data.datasets: the same samples and split as the torch
 trainer, images channels-last. No distributed code here: rank and world size are plain numbers.
 
     data = build_data(cfg)                        # a built-in dataset, an image folder, shards
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import augment, datasets, parallel_reads, shards
+from hvdtrain.data import augment, datasets, parallel_reads, shards
 from hvdtrain.tf import dali
 
 # tf.data traces every function given to map() with AutoGraph unless told not to. These branch on
@@ -118,7 +118,7 @@ class TFData:
         ds = tf.data.Dataset.from_tensor_slices(order)
         if self.per_sample:
             # Crops and flips a function of (seed, epoch, sample), not of a stream: a run resumed in
-            # the middle of an epoch draws what the uninterrupted run drew (hvdtrain/augment.py).
+            # the middle of an epoch draws what the uninterrupted run drew (hvdtrain/data/augment.py).
             ds = with_draws(ds, seed, tf.constant(epoch, tf.int64))
         return self._load(ds, "train", batch_size, len(order), drop_remainder=True)
 
@@ -203,7 +203,7 @@ class FitImages:
 
     `train(first_epoch)`: this rank's batches of every epoch from `first_epoch` on, in the
     trainer's order (its share of each epoch's permutation; from shards a few shards' samples,
-    datasets.shard_blocked_order) with its crops (hvdtrain/augment.py: a function of seed, epoch and
+    datasets.shard_blocked_order) with its crops (hvdtrain/data/augment.py: a function of seed, epoch and
     sample, the windows torch and DALI take), as many full batches on every rank; one dataset
     for all epochs (Keras keeps its iterator across epochs when given steps_per_epoch). `val`:
     this rank's exact share of the validation images (each on one rank, none twice; Horovod's
@@ -320,7 +320,7 @@ DRAWS_PER_CALL = 256  # samples whose draws one call into Python makes (augment.
 
 
 def with_draws(samples: tf.data.Dataset, seed: int, epoch) -> tf.data.Dataset:
-    """(i, draws) for each sample index i: hvdtrain/augment.py's numbers for its crop and flip,
+    """(i, draws) for each sample index i: hvdtrain/data/augment.py's numbers for its crop and flip,
     made by numpy a few hundred samples a call, so that the map that decodes runs TensorFlow's ops
     alone (a call into Python per image held the GIL: 0.36 ms an image). `epoch`: an int64
     tensor (one dataset for many epochs: FitImages)."""
@@ -365,7 +365,7 @@ def _window_from_draws(draws, height, width):
 def _image_loader(read_bytes, labels, size: int, train: bool, uint8: bool = False):
     """load(i[, draws]) -> (normalised float image HWC, label) of sample i, whose file's bytes
     read_bytes(i) gives as a tf.string; training samples come with their draws (with_draws). The
-    window is hvdtrain's rule (hvdtrain/augment.py), the one torch and DALI take; a JPEG is decoded
+    window is hvdtrain's rule (hvdtrain/data/augment.py), the one torch and DALI take; a JPEG is decoded
     only there (decode_and_crop_jpeg), other formats whole, then cropped. Then a resize to
     size x size (bilinear), the flip, the normalisation; uint8: the resized image rounded to uint8
     (as torchvision's uint8 resize gives it), not normalised."""
@@ -452,7 +452,7 @@ def _shards(cfg, threads: int, uint8: bool) -> TFData:
             return tf.ensure_shape(data, [])
         loads[split] = _image_loader(read_bytes, reader.labels, cfg.image_size, split == "train", uint8)
     files = {split: lambda i, reader=reader: (reader.read(i)[0], reader.where(i)) for split, reader in readers.items()}
-    # The chunk's reads overlapped on a pool of threads (hvdtrain/parallel_reads.py): one after
+    # The chunk's reads overlapped on a pool of threads (hvdtrain/data/parallel_reads.py): one after
     # another, a file system's 1 ms a read capped the rank at 1,000 samples a second.
     read_many = {split: lambda indices, reader=reader: np.array(
         [data for data, _ in parallel_reads.read_many(reader.read, [int(i) for i in indices])], object)

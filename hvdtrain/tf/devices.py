@@ -4,7 +4,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hvdtrain import test_hooks
-from hvdtrain.cluster import gpu_for_rank
+from hvdtrain.cluster.env import gpu_for_rank
 
 
 def tf_variable(v) -> tf.Variable:
@@ -15,7 +15,7 @@ def tf_variable(v) -> tf.Variable:
 
 
 def pin_gpu(local_rank: int, local_world_size: int) -> str:
-    """One GPU per rank, the one hvdtrain.cluster.gpu_for_rank picks among those this process sees
+    """One GPU per rank, the one hvdtrain.cluster.env.gpu_for_rank picks among those this process sees
     (the torch trainer's decision: GPUs 0..local_size-1 of the node, or each task's own under
     per-task binding); "cpu" where there is none. Must run before TensorFlow initialises its devices."""
     gpus = tf.config.list_physical_devices("GPU")

@@ -44,12 +44,13 @@ import dataclasses
 import functools
 import time
 
-from hvdtrain import checkpoint as ckpt, tuning
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.cluster import tuning
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error
 from hvdtrain.lifecycle import Lifecycle
-from hvdtrain.netsockets import loopback_settings
+from hvdtrain.cluster.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.runtime import threads_per_rank
 from hvdtrain.test_hooks import injected_delay

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.config import TrainConfig
-from hvdtrain.datasets import BadSample
+from hvdtrain.data.datasets import BadSample
 from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.tf import devices, npz_checkpoint

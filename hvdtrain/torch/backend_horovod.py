@@ -11,9 +11,9 @@ import contextlib
 import numpy as np
 import torch
 
-from hvdtrain.cluster import shared_gpu_nccl_problem
+from hvdtrain.cluster.env import shared_gpu_nccl_problem
 from hvdtrain.errors import UsageError
-from hvdtrain.horovod_ops import gpu_ops_problem, import_horovod, start_horovod
+from hvdtrain.cluster.horovod_ops import gpu_ops_problem, import_horovod, start_horovod
 from hvdtrain.torch.backend import TorchBackend
 from hvdtrain.torch.devices import nccl_version, shared_gpu
 from hvdtrain.torch.horovod_layout import ContiguousCompression, broadcast_tensors, contiguous_optimizer_state

@@ -53,7 +53,7 @@ class LightningBackend(TorchDistributedBackend):
         warnings.filterwarnings("ignore", module="lightning")
         # Started before Lightning: hvdtrain's start-up checks need it; Lightning reuses it.
         env = self._start_process_group()
-        devices = node_devices(env.local_world_size)  # the trainer's decision (hvdtrain.cluster.gpu_for_rank)
+        devices = node_devices(env.local_world_size)  # the trainer's decision (hvdtrain.cluster.env.gpu_for_rank)
         gpu = devices[0].type == "cuda"
         hook = None
         if cfg.fp16_allreduce:

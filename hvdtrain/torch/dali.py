@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hvdtrain import augment, dali_graph, datasets, parallel_reads
+from hvdtrain.data import augment, dali_graph, datasets, parallel_reads
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import data, images
 
@@ -111,11 +111,11 @@ class DaliLoader:
 
     def _run(self, batch: list[int]):
         files, labels, windows, mirrors = [], [], [], []
-        # The batch's reads overlapped on a pool of threads (hvdtrain/parallel_reads.py).
+        # The batch's reads overlapped on a pool of threads (hvdtrain/data/parallel_reads.py).
         for i, (data, label) in zip(batch, parallel_reads.read_many(self.source.read, batch)):
             files.append(np.frombuffer(data, dtype=np.uint8))
             labels.append(label)
-            if self.train:  # hvdtrain's rule (hvdtrain/augment.py), relative to the image's size
+            if self.train:  # hvdtrain's rule (hvdtrain/data/augment.py), relative to the image's size
                 height, width = images.image_shape(data, self.source.where(i))
                 top, left, h, w, flip = augment.train_window(self.source.seed, self.epoch, i, height, width)
                 windows.append(np.array((top / height, left / width, h / height, w / width), np.float32))

@@ -1,4 +1,4 @@
-"""torch's samples and their order, from hvdtrain.datasets: the datasets the trainer builds from
+"""torch's samples and their order, from hvdtrain.data.datasets: the datasets the trainer builds from
 its options, the seeded wrapper that hands hvdtrain's crop its key, and which samples each rank
 takes in an epoch. No distributed code here: rank and world size are plain numbers. The loaders
 over them are made by hvdtrain/torch/loader.py."""
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset
 
-from hvdtrain import datasets
+from hvdtrain.data import datasets
 from hvdtrain.torch import images
 
 

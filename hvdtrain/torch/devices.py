@@ -1,4 +1,4 @@
-"""The torch device of a rank: hvdtrain.cluster.gpu_for_rank (the one device decision, which
+"""The torch device of a rank: hvdtrain.cluster.env.gpu_for_rank (the one device decision, which
 imports no torch and is unit-tested on the CPU) given the GPUs torch sees.
 
     python -c "from hvdtrain.torch.devices import rank_device; print(rank_device(0, 1))"
@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from hvdtrain.cluster import gpu_for_rank, shares_gpu
+from hvdtrain.cluster.env import gpu_for_rank, shares_gpu
 
 
 def visible_gpus() -> int:
@@ -40,7 +40,7 @@ def nccl_version() -> tuple[int, int, int] | None:
 
 
 def shared_gpu(local_world_size: int) -> bool:
-    """Whether the local ranks share GPUs (HVDTRAIN_SHARE_GPU=1, a test mode: hvdtrain/cluster.py);
+    """Whether the local ranks share GPUs (HVDTRAIN_SHARE_GPU=1, a test mode: hvdtrain/cluster/env.py);
     if so, NCCL is told to allow it (NCCL >= 2.30), before any communicator exists."""
     if not shares_gpu(local_world_size, visible_gpus()):
         return False

@@ -4,7 +4,7 @@ The stages, each swappable and measured alone (benchmarks/data_pipeline.py):
 - decode: `decode()`, the one place that chooses the decoder (`_decoder`): TorchCodec's or
   torchvision's `decode_image` (libjpeg-turbo for JPEGs, libpng, libwebp) straight to a uint8 CHW
   tensor, with no PIL image object in between; measured per core against PIL in docs/data.md.
-- augment: `train_augment` (TrainCrop: the window and flip of hvdtrain/augment.py's one rule, a
+- augment: `train_augment` (TrainCrop: the window and flip of hvdtrain/data/augment.py's one rule, a
   function of the crop key (seed, epoch, sample) it is given, then torchvision's resized crop on
   the uint8 tensor) and `val_augment` (resize, centre crop): a resume augments as an
   uninterrupted run.
@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
-from hvdtrain import augment, datasets, shards
+from hvdtrain.data import augment, datasets, shards
 from hvdtrain.torch import internals
 
 
@@ -76,7 +76,7 @@ def load_file(path: str) -> torch.Tensor:
 
 
 class TrainCrop:
-    """hvdtrain's training augmentation (hvdtrain/augment.py: torchvision's RandomResizedCrop
+    """hvdtrain's training augmentation (hvdtrain/data/augment.py: torchvision's RandomResizedCrop
     rule and a flip, the window a function of the crop key (seed, epoch, sample)), on a uint8 CHW
     tensor: the window DALI and TensorFlow take for the same sample. Without a key (a user's
     dataset calling it as a transform) a window is drawn from torch's generator."""
@@ -255,7 +255,7 @@ class FolderImages(_Images, ImageFolder):
 
 
 class ShardImages(_Images, Dataset):
-    """A split of tar shards written by `python -m hvdtrain.shards` (hvdtrain/shards.py):
+    """A split of tar shards written by `python -m hvdtrain.shards` (hvdtrain/data/shards.py):
     (uint8 image, label), in the index's order."""
 
     def __init__(self, root: str, split: str, transform):

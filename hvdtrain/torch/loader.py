@@ -14,7 +14,7 @@ CPU trains, else the device) and whether the feeder's thread may fetch the batch
 travels as an attribute set on the dataset or a thread-local.
 
 What the samples are and which each rank takes: hvdtrain/torch/data.py; the crop's rule:
-hvdtrain/augment.py; DALI's decoder: hvdtrain/torch/dali.py.
+hvdtrain/data/augment.py; DALI's decoder: hvdtrain/torch/dali.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import dataclasses
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset, default_collate
 
-from hvdtrain import datasets
+from hvdtrain.data import datasets
 from hvdtrain.errors import UsageError
 from hvdtrain.torch import data, images, internals, workers
 

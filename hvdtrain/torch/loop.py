@@ -21,11 +21,12 @@ import dataclasses
 import numpy as np
 import torch
 
-from hvdtrain import checkpoint as ckpt, tuning
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain import checkpoint as ckpt
+from hvdtrain.cluster import tuning
+from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, exits_on_usage_error, in_one_line
-from hvdtrain.netsockets import loopback_settings
+from hvdtrain.cluster.netsockets import loopback_settings
 from hvdtrain.report import say
 from hvdtrain.lifecycle import Lifecycle
 from hvdtrain.runtime import decode_workers, threads_per_rank

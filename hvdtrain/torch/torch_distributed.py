@@ -10,10 +10,10 @@ import socket
 import numpy as np
 import torch
 
-from hvdtrain.cluster import ClusterEnv, shared_gpu_nccl_problem
+from hvdtrain.cluster.env import ClusterEnv, shared_gpu_nccl_problem
 from hvdtrain.errors import UsageError
-from hvdtrain.horovod_ops import check_launcher_agrees
-from hvdtrain.netsockets import single_host
+from hvdtrain.cluster.horovod_ops import check_launcher_agrees
+from hvdtrain.cluster.netsockets import single_host
 from hvdtrain.torch.backend import TorchBackend
 from hvdtrain.torch.devices import nccl_version, shared_gpu
 

@@ -11,7 +11,7 @@ import hashlib
 import numpy as np
 
 import hvdtrain.tf
-from hvdtrain.datasets import digits_split
+from hvdtrain.data.datasets import digits_split
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)

@@ -3,14 +3,14 @@
 (hvdtrain/tf/dali.py) from tf.data through DALI's TensorFlow plugin.
 
 Each sample comes in as its file's bytes, its training window (top, left, height, width, each
-relative to the image's size) and its flip: hvdtrain's rule (hvdtrain/augment.py), computed by
+relative to the image's size) and its flip: hvdtrain's rule (hvdtrain/data/augment.py), computed by
 the framework's side, so every decoder crops the same pixels. DALI decodes only the window
 (`image_slice`; nvJPEG with device="mixed" on a GPU), resizes it, flips and normalises it.
 Validation: the shorter side resized to size x 256/224, the centre crop.
 """
 from __future__ import annotations
 
-from hvdtrain import augment, datasets
+from hvdtrain.data import augment, datasets
 
 
 # One rule for every decoder: a JPEG's EXIF orientation is not applied. torch's decoders

@@ -5,7 +5,7 @@ SLURM (`srun`), OpenMPI (`mpirun`), Horovod's launcher (`horovodrun`) and torchr
 One exception: the rank that an error line names is read by hvdtrain/errors.py's `rank_label`
 in the same launcher order, as this module raises its `UsageError`.
 
-    python -c "from hvdtrain.cluster import ClusterEnv; print(ClusterEnv.from_environ())"
+    python -c "from hvdtrain.cluster.env import ClusterEnv; print(ClusterEnv.from_environ())"
 """
 from __future__ import annotations
 

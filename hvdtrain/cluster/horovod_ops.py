@@ -49,7 +49,7 @@ def check_launcher_agrees(size: int, who: str = "Horovod", env=None) -> None:
     over it) sees a world of another size: ranks that would train alone, each on its own, and
     exit 0, or wait on a broadcast that never comes (torchrun, or srun without PMIx, where each
     rank is an MPI singleton)."""
-    from hvdtrain.cluster import ClusterEnv
+    from hvdtrain.cluster.env import ClusterEnv
 
     env = ClusterEnv.from_environ() if env is None else env
     if env.launcher != "single" and env.world_size != size:
@@ -62,12 +62,12 @@ def check_launcher_agrees(size: int, who: str = "Horovod", env=None) -> None:
 
 def start_horovod(hvd, cfg, on_cpu: bool) -> dict[str, str]:
     """hvd.init() with hvdtrain's settings exported first (a user's own export wins): the
-    tuning of hvdtrain/tuning.py and the stall shutdown behind the watchdog. Checks that the
+    tuning of hvdtrain/cluster/tuning.py and the stall shutdown behind the watchdog. Checks that the
     launcher's ranks are one Horovod job; returns the settings in force."""
-    from hvdtrain import tuning
+    from hvdtrain.cluster import tuning
     from hvdtrain.watchdog import horovod_stall_settings
 
-    # MPI yields only where the rank computes on the CPU (hvdtrain/tuning.py).
+    # MPI yields only where the rank computes on the CPU (hvdtrain/cluster/tuning.py).
     settings = tuning.horovod_settings(cfg.horovod_tuning, on_cpu, cycle_time_ms=cfg.cycle_time_ms,
                                        mpi_yield=cfg.mpi_yield)
     applied = tuning.apply({**settings, **horovod_stall_settings(cfg.watchdog_seconds)})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from hvdtrain.cluster import ClusterEnv
+from hvdtrain.cluster.env import ClusterEnv
 
 WILDCARDS = ("0.0.0.0", "::")
 

@@ -9,7 +9,7 @@ yields its core only wakes up later, which adds latency to every allreduce it wa
 GPU ranks keep Open MPI's busy polling, however few cores they have.
 
 Only public knobs are set (environment variables read at `hvd.init()`/`MPI_Init`), and a value
-the user already exported always wins. `python -m hvdtrain.tuning --cpu` shows what would be set.
+the user already exported always wins. `python -m hvdtrain.cluster.tuning --cpu` shows what would be set.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def apply(settings: dict[str, str]) -> dict[str, str]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m hvdtrain.tuning")
+    p = argparse.ArgumentParser(prog="python -m hvdtrain.cluster.tuning")
     p.add_argument("--cpu", action="store_true", help="ranks compute on the CPU (default: on GPUs)")
     p.add_argument("--mode", default="auto", choices=("auto", "off"))
     args = p.parse_args(argv)

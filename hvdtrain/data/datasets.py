@@ -3,7 +3,7 @@
 The torch and TF trainers build their loaders from these arrays and checks, so both see the
 same samples in the same split. Arrays are channels-first float32 in [0, 1].
 
-    python -m hvdtrain.datasets make-digits-folder /tmp/digits-png   # an imagefolder tree of real images
+    python -m hvdtrain.data.datasets make-digits-folder /tmp/digits-png   # an imagefolder tree of real images
 """
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ def write_digits_imagefolder(root: str, per_class_train: int = 20, per_class_val
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m hvdtrain.datasets")
+    p = argparse.ArgumentParser(prog="python -m hvdtrain.data.datasets")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make-digits-folder", help="write the digits as an imagefolder tree of PNG files")
     m.add_argument("root")
