@@ -3,11 +3,18 @@
     python benchmarks/plain_torch_loop.py --model resnet50 --batch-size 128 --image-size 224 --amp \
         --epochs 2 --synthetic-size 10240 --warmup-steps 10
 
-What a user would write without hvdtrain, fed exactly as hvdtrain.torch is fed, so that the ratio
-hvdtrain / this loop measures hvdtrain alone (scripts/gpu-check.sh):
-- the data: hvdtrain's synthetic Dataset through hvdtrain's own train loader
-  (hvdtrain.torch.loader's plan and create_loader, one rank): same samples, batch, sampler, workers and pinned
-  memory, a new loader each epoch; each batch copied to the device with non_blocking=True;
+What a user would write without hvdtrain, so that the ratio hvdtrain / this loop measures
+hvdtrain alone (scripts/gpu-check.sh), fed as --feed says:
+- prefetch (the default; the fair reference): the next batch copied to the device on a side CUDA
+  stream while the step runs, the compute stream waiting for it by an event (NVIDIA's ResNet-50
+  example's data_prefetcher; hvdtrain's feeder copies on a side stream too);
+- inline: each batch gathered, then copied on the compute stream, in series with the step (what
+  most scripts do);
+- ceiling: one batch put on the device once and reused at every step (NVIDIA's and Horovod's
+  synthetic benchmarks): no input cost at all, the most a model can give;
+- the data: hvdtrain's synthetic Dataset through hvdtrain's own train loader (hvdtrain.torch.loader's
+  plan and create_loader, one rank): same samples, batch, sampler, workers and pinned memory, a new
+  loader each epoch; each batch copied to the device with non_blocking=True;
 - the model: torchvision's, built as hvdtrain builds it (weights=None, 1000 classes, seeded);
 - the options hvdtrain.torch takes, with its choices: --channels-last {auto,on,off} (auto: on
   for ResNets on CUDA), --amp [{off,fp16,bf16}] (--amp alone: fp16 autocast + GradScaler; bf16:
@@ -43,6 +50,53 @@ import gpu_check  # noqa: E402  (benchmarks/gpu_check.py: the settings record, s
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+FEEDS = ("prefetch", "inline", "ceiling")
+
+
+class Fed:
+    """The loader's batches on the device, as `feed` brings them (see the module's docstring);
+    `fetched` counts the batches taken from the loader."""
+
+    def __init__(self, loader, device: torch.device, feed: str, channels_last: bool):
+        self.loader, self.device, self.feed, self.channels_last = loader, device, feed, channels_last
+        self.stream = torch.cuda.Stream(device) if feed == "prefetch" and device.type == "cuda" else None
+        self.fetched = 0
+
+    def _to_device(self, batch):
+        self.fetched += 1
+        x, y = batch[0].to(self.device, non_blocking=True), batch[1].to(self.device, non_blocking=True)
+        return (x.contiguous(memory_format=torch.channels_last) if self.channels_last else x), y
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        if self.feed == "ceiling":
+            held = self._to_device(next(batches))
+            while True:  # the caller stops after its steps
+                yield held
+        if self.feed == "inline":
+            for batch in batches:
+                yield self._to_device(batch)
+            return
+        ahead = self._ahead(batches)
+        while ahead is not None:
+            if self.stream is not None:  # the step's stream waits for the copy, not the host
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(self.stream)
+                for t in ahead:
+                    t.record_stream(current)
+            batch, ahead = ahead, self._ahead(batches)  # the next copy queued before this step runs
+            yield batch
+
+    def _ahead(self, batches):
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        if self.stream is None:
+            return self._to_device(batch)
+        with torch.cuda.stream(self.stream):
+            return self._to_device(batch)
+
+
 def set_switch(value: str, setter) -> None:
     if value != "default":
         setter(value == "on")
@@ -68,6 +122,7 @@ def parse_args(argv=None):
     p.add_argument("--same-as", metavar="SETTINGS_JSON",
                    help="take cudnn.benchmark, TF32 and threads from an hvdtrain run's record "
                         "(benchmarks/gpu_check.py); a missing file leaves the options above")
+    p.add_argument("--feed", default="prefetch", choices=FEEDS, help="how batches reach the device (above)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--result-json")
     return p.parse_args(argv)
@@ -108,23 +163,20 @@ def main(argv=None):
 
     steps_per_epoch = len(train_ds) // a.batch_size
     total = min(a.steps or steps_per_epoch * a.epochs, steps_per_epoch * a.epochs)
-    done, timed_steps, timed_seconds, loss = 0, 0, 0.0, None
+    done, timed_steps, timed_seconds, loss, fetched = 0, 0, 0.0, None, 0
     loader = None
     for epoch in range(a.epochs):
         if done == total:
             break
         loader = make_loader.create_loader(plan, train_ds, 0, 1, epoch)
+        fed = Fed(loader, device, a.feed, channels_last)
         start = None
-        for i, (x, y) in enumerate(loader):
+        for i, (x, y) in enumerate(fed):
             if i == steps_per_epoch or done == total:
                 break
             if start is None and done >= a.warmup_steps:
                 synchronize()
                 start = time.perf_counter()
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
-            if channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=AMP_DTYPES.get(a.amp), enabled=amp):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -140,16 +192,18 @@ def main(argv=None):
         if start is not None:
             synchronize()
             timed_seconds += time.perf_counter() - start
+        fetched += fed.fetched
     rate = a.batch_size * timed_steps / timed_seconds if timed_seconds else None
     settings = gpu_check.torch_settings(model, loader, amp=a.amp, scaler=scaler is not None)
     print(f"PLAIN settings {json.dumps(settings, sort_keys=True)}", flush=True)
-    print(f"PLAIN steps={done} timed_steps={timed_steps} last_loss={loss.item() if loss is not None else 'nan'}",
-          flush=True)
+    print(f"PLAIN feed={a.feed} steps={done} timed_steps={timed_steps} batches_fetched={fetched} "
+          f"last_loss={loss.item() if loss is not None else 'nan'}", flush=True)
     print(f"PLAIN img/s={rate:.2f}" if rate else "PLAIN img/s=none (no timed step: fewer steps than --warmup-steps)",
           flush=True)
     if a.result_json:
         with open(a.result_json, "w") as f:
-            json.dump({"images_per_sec": rate, "steps": done, "timed_steps": timed_steps,
+            json.dump({"images_per_sec": rate, "feed": a.feed, "batches_fetched": fetched,
+                       "last_loss": loss.item() if loss is not None else None, "steps": done, "timed_steps": timed_steps,
                        "timed_seconds": timed_seconds, "batch_size": a.batch_size, "settings": settings,
                        "argv": sys.argv[1:]}, f, indent=1, sort_keys=True)
     if not rate:

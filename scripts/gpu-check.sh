@@ -17,9 +17,12 @@
 #   check     Horovod's build table (scripts/stack.py check-build): [X] NCCL on a GPU;
 #   horovod   hvdtrain.torch under Horovod, with checkpoints; then plain (the plain torch loop,
 #             benchmarks/plain_torch_loop.py, with the data path, cudnn/TF32, threads, AMP and
-#             channels-last settings of that run), ddp (--backend ddp), resume (one more epoch
-#             from the Horovod run's checkpoint), plain-2 (the plain loop again, if time is left:
-#             the reference is the mean of both), doctor (python -m hvdtrain.doctor);
+#             channels-last settings of that run, fed on a side stream as hvdtrain is), horovod-2
+#             and plain-2 (both again: A/B/A/B, GPU_CHECK_AB_EPOCHS epochs each, at least 300 timed
+#             steps on a GPU; the report gives each pair's ratio, their spread, and calls the goal
+#             met or not only where the spread is smaller than the distance to it), ceiling (the
+#             plain loop on one batch held on the device), ddp (--backend ddp), resume (one more
+#             epoch from the Horovod run's checkpoint), doctor (python -m hvdtrain.doctor);
 #   feeder-off the Horovod run again with --feeder off (the next batch prepared in series with the
 #             step, as before the device feeder): the feeder's effect;
 #   jpeg-data ImageNet-sized JPEGs (500x375) written on the work dir's disk, then as tar shards
@@ -49,7 +52,7 @@
 # A stage that fails or runs out of time is marked so and the next one goes on where it can; the
 # exit status is non-zero when any stage failed. Settings (environment variables, GPU / --cpu
 # defaults): GPU_CHECK_MODEL (resnet50 / resnet18), GPU_CHECK_IMAGE_SIZE (224 / 32),
-# GPU_CHECK_BATCH (128 / 4), GPU_CHECK_STEPS per epoch (60 / 3), GPU_CHECK_EPOCHS (2),
+# GPU_CHECK_BATCH (128 / 4), GPU_CHECK_STEPS per epoch (60 / 3), GPU_CHECK_EPOCHS (2), GPU_CHECK_AB_EPOCHS (the alternated runs: 6 / 2),
 # GPU_CHECK_WARMUP (10 / 2), GPU_CHECK_AMP (fp16 / bf16), GPU_CHECK_CHANNELS_LAST (auto),
 # GPU_CHECK_WORKERS (2), GPU_CHECK_BUDGET (570 / 900 s), GPU_CHECK_CAP_SCALE (each stage's limit
 # times this: 1 / 3), GPU_CHECK_BUILD (auto; 1: always; 0: never), GPU_CHECK_BUILD_LIMIT (330 s),
@@ -86,6 +89,9 @@ SIZE=${GPU_CHECK_IMAGE_SIZE:-$d_size}
 BATCH=${GPU_CHECK_BATCH:-$d_batch}
 STEPS=${GPU_CHECK_STEPS:-$d_steps}      # per epoch
 EPOCHS=${GPU_CHECK_EPOCHS:-2}
+# hvdtrain and the plain loop run by turns (horovod, plain, horovod-2, plain-2), each at least 300
+# timed steps on a GPU: one run of about 100 steps moved by 17 % between windows.
+AB_EPOCHS=${GPU_CHECK_AB_EPOCHS:-$([ "$DEVICE" = cuda ] && echo $(( (300 + ${GPU_CHECK_WARMUP:-$d_warmup} + ${GPU_CHECK_STEPS:-$d_steps} - 1) / ${GPU_CHECK_STEPS:-$d_steps} )) || echo "$EPOCHS")}
 WARMUP=${GPU_CHECK_WARMUP:-$d_warmup}
 AMP=${GPU_CHECK_AMP:-$d_amp}
 CHANNELS_LAST=${GPU_CHECK_CHANNELS_LAST:-auto}
@@ -163,7 +169,8 @@ write_out() {  # [quiet]
     "$PYTHON" - "$LOGS/check.json" <<EOF
 import json, sys
 json.dump({"device": "$DEVICE", "model": "$MODEL", "image_size": $SIZE, "batch_size": $BATCH, "amp": "$AMP",
-           "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
+           "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "alternated_epochs": $AB_EPOCHS,
+           "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
            "num_workers": $WORKERS, "jpegs": $JPEGS, "jpeg_workers": $JPEG_WORKERS, "shared_steps": $SHARED_STEPS,
            "shared_batch": $SHARED_BATCH, "checkpoint_every": $CKPT_EVERY, "budget_s": $BUDGET, "elapsed_s": $SECONDS,
            "work": "$WORK", "archive": "gpu-check-logs.tar.gz"}, open(sys.argv[1], "w"), indent=1)
@@ -287,9 +294,10 @@ check_build() {
 # ---------------------------------------------------------------- measurements
 # The same model, data, batch, AMP and channels-last in every run; hvdtrain's synthetic set holds
 # exactly EPOCHS epochs of STEPS steps; its checkpoints fall between epochs, outside the clock.
-plain_loop() {  # NAME: the plain loop, with the settings the Horovod run had in force
-    "$PY" "$REPO/benchmarks/plain_torch_loop.py" "${common[@]}" --epochs "$EPOCHS" \
-        --same-as "$LOGS/horovod-settings.json" --result-json "$LOGS/$1.json"
+plain_loop() {  # NAME [ARGS...]: the plain loop, with the settings the Horovod run had in force
+    local name=$1; shift
+    "$PY" "$REPO/benchmarks/plain_torch_loop.py" "${common[@]}" --epochs "$AB_EPOCHS" \
+        --same-as "$LOGS/horovod-settings.json" --result-json "$LOGS/$name.json" "$@"
 }
 hvdtrain_run() {  # NAME ARGS...: python -m hvdtrain.torch, its settings recorded (benchmarks/gpu_check.py)
     local name=$1; shift
@@ -428,8 +436,11 @@ stage shared-ddp 90 shared_run shared-ddp --epochs 1 --backend ddp --checkpoint-
 stage shared-weights 30 shared_weights || true
 stage shared-resume 75 shared_run shared-resume --epochs 2 --checkpoint-dir "$WORK/shared-hvd" || true
 stage shared-doctor 45 launch2 "$PY" -m hvdtrain.doctor --framework torch "${shared_doctor_args[@]}" || true
-stage horovod 120 hvdtrain_run horovod --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
+stage horovod 120 hvdtrain_run horovod --epochs "$AB_EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
 stage plain 90 plain_loop plain || true
+stage horovod-2 90 hvdtrain_run horovod-2 --epochs "$AB_EPOCHS" || true
+stage plain-2 90 plain_loop plain-2 || true
+stage ceiling 60 plain_loop ceiling --feed ceiling || true
 stage ddp 90 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true
 stage feeder-off 90 hvdtrain_run feeder-off --epochs "$EPOCHS" --feeder off || true
 stage jpeg-data 90 jpeg_data || true
@@ -441,12 +452,11 @@ if command -v py-spy >/dev/null || [ "$DEVICE" = cuda ]; then
     stage profile-ddp 90 profile_run ddp --epochs "$EPOCHS" --backend ddp || true
 fi
 stage jpeg-feeder-off 120 jpeg_run jpeg-feeder-off --feeder off || true
-stage resume 60 hvdtrain_run resume --epochs $((EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
+stage resume 60 hvdtrain_run resume --epochs $((AB_EPOCHS + 1)) --checkpoint-dir "$WORK/ckpt" || true
 stage lightning 90 lightning_run || true
 if grep -q "^resume	ok" "$WORK/stages.tsv" 2>/dev/null; then
     grep -q "resumed from" "$LOGS/resume.log" || { say "resume: no 'resumed from' line in its log"; failed=1; }
 fi
-stage plain-2 60 plain_loop plain-2 || true
 stage doctor 45 "$PY" -m hvdtrain.doctor --framework torch || true
 
 # ---------------------------------------------------------------- what comes back

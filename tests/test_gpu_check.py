@@ -22,9 +22,11 @@ MiB = 1024 * 1024
 # profile-horovod and profile-ddp come after ckpt-every where py-spy is installed. The CPU mode here
 # runs every stage function and every kind of run once (GPU_CHECK_STAGES): left out are the runs
 # that only repeat one of them with another option (shared-ref-2 and shared-ref-big: shared-ref's;
-# feeder-off: horovod's; jpeg-feeder-off: jpeg's; plain-2: plain's), 45 s of the suite's time.
+# feeder-off and horovod-2: horovod's; jpeg-feeder-off: jpeg's; plain-2: plain's), 55 s of the suite's
+# time. The report's arithmetic on two alternated pairs: tests/test_gpu_check_report.py.
 STAGES = ["env", "check", "shared-nccl", "shared-ref", "shared-hvd", "shared-ddp", "shared-weights", "shared-resume",
-          "shared-doctor", "horovod", "plain", "ddp", "jpeg-data", "jpeg", "ckpt-every", "resume", "lightning", "doctor"]
+          "shared-doctor", "horovod", "plain", "ceiling", "ddp", "jpeg-data", "jpeg", "ckpt-every", "resume", "lightning",
+          "doctor"]
 SELECTED = "|".join(s for s in STAGES if s not in ("env", "check")) + "|profile-.*"
 
 
@@ -94,6 +96,14 @@ def test_gpu_check_cpu_mode(tmp_path):
         assert figures["ratios"][key] == pytest.approx(figures["images_per_sec"][key] / figures["images_per_sec"]["plain"])
         assert rows[name][1] == pytest.approx(figures["ratios"][key], abs=0.0006)
     assert "Resume: ran" in report and "the same in every run" in report, report
+    # hvdtrain and the plain loop by turns (one pair here: horovod-2 and plain-2 left out); no verdict on a CPU.
+    alternated = figures["alternated"]
+    assert alternated["ratios"] == [pytest.approx(figures["ratios"]["horovod"])] and alternated["verdict"] == "no goal"
+    assert re.search(r"^\| horovod / plain \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", report, re.M), report
+    # The ceiling: one batch on the device for every step of an epoch.
+    ceiling = json.loads(tarfile.open(out / "gpu-check-logs.tar.gz").extractfile("logs/ceiling.json").read())
+    assert ceiling["feed"] == "ceiling" and ceiling["batches_fetched"] == figures["check"]["alternated_epochs"]
+    assert figures["ceiling_images_per_sec"] == ceiling["images_per_sec"] > 0
     # The feeder's effect and real JPEGs: the runs happened, on the data they name.
     assert figures["images_per_sec"]["jpeg"] > 0, figures
     assert figures["jpeg_over_synthetic"] == pytest.approx(figures["images_per_sec"]["jpeg"]

@@ -63,3 +63,50 @@ def test_compare_weights_is_relative_to_how_far_the_reference_moved(tmp_path):
     assert result["runs"]["off"]["relative_distance"] == pytest.approx(first / moved)
     assert result["between"]["relative_distance"] == pytest.approx(first / moved)
     assert json.loads((tmp_path / "w.json").read_text())["runs"]["off"]["global_step"] == 30
+
+
+@pytest.mark.parametrize("hvd,plain,verdict", [
+    ((3000, 3010), (3000, 3000), "met"),           # 1.000 and 1.003: spread 0.003 < 0.03 from the goal
+    ((2850, 2860), (3000, 3000), "NOT met"),       # 0.950 and 0.953: below, surely
+    ((2900, 3000), (3000, 2950), "undecided"),     # 0.967 and 1.017: the spread straddles the goal
+    ((3000, None), (3000, 3000), "undecided"),     # one pair decides nothing
+])
+def test_the_alternated_ratio_is_called_met_only_where_its_spread_allows(tmp_path, hvd, plain, verdict):
+    """hvdtrain and the plain loop run by turns (horovod, plain, horovod-2, plain-2): each pair's
+    ratio and their spread in the report, and the goal met or not only where the spread is
+    smaller than the median's distance from it."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "check.json").write_text(json.dumps({"device": "cuda", "model": "resnet50"}))
+    for name, rate in zip(("horovod", "horovod-2"), hvd):
+        if rate:
+            (logs / f"{name}.json").write_text(json.dumps({"throughput": {"total_images_per_sec": rate}}))
+    for name, rate in zip(("plain", "plain-2"), plain):
+        (logs / f"{name}.json").write_text(json.dumps({"images_per_sec": rate}))
+    (logs / "ceiling.json").write_text(json.dumps({"images_per_sec": 4000.0}))
+    report, figures = gpu_check.build_report(str(tmp_path), str(tmp_path))
+    pairs = [h / p for h, p in zip(hvd, plain) if h]
+    assert figures["alternated"]["ratios"] == pytest.approx(pairs)
+    assert figures["alternated"]["verdict"] == verdict
+    assert figures["goal_met"] == {"met": True, "NOT met": False}.get(verdict)
+    assert f"goal >= {gpu_check.GOAL}: **{verdict}**" in report
+    assert f"| horovod / plain | {hvd[0]:.1f} | {plain[0]:.1f} | {hvd[0] / plain[0]:.3f} |" in report
+    assert "ceiling" in report and f"{hvd[0] / 4000:.3f} of it" in report
+
+
+def test_the_plain_loops_feeds_train_on_the_same_batches_but_the_ceiling(tmp_path):
+    """benchmarks/plain_torch_loop.py --feed: prefetch (a side stream's copy ahead of the step)
+    trains on exactly inline's batches, in order; ceiling takes one batch an epoch and reuses it."""
+    import plain_torch_loop
+
+    def run(feed):
+        out = tmp_path / f"{feed}.json"
+        plain_torch_loop.main(["--model", "resnet18", "--batch-size", "4", "--image-size", "16", "--synthetic-size", "16",
+                               "--epochs", "2", "--warmup-steps", "1", "--num-workers", "0", "--threads", "1",
+                               "--device", "cpu", "--feed", feed, "--result-json", str(out)])
+        return json.loads(out.read_text())
+
+    inline, prefetch, ceiling = run("inline"), run("prefetch"), run("ceiling")
+    assert inline["steps"] == prefetch["steps"] == ceiling["steps"] == 8
+    assert inline["batches_fetched"] == prefetch["batches_fetched"] == 8 and ceiling["batches_fetched"] == 2
+    assert prefetch["last_loss"] == inline["last_loss"] != ceiling["last_loss"]
