@@ -1,6 +1,7 @@
-"""One run's lifecycle for the APIs around a user's own loop: hvdtrain.torch.loop's `Run`,
-hvdtrain.tf's `Job` (Keras's fit, through its Guard callback) and the tape loop's `TapeJob`.
-Each of them is a `Lifecycle` and adds only how its framework reads and writes its state.
+"""One run's lifecycle for the APIs around a user's own code: hvdtrain.torch.loop's `Run` and the
+tape loop's `TapeJob` (a `LoopLifecycle`: the user's loop calls step_done, should_stop, save,
+finish) and hvdtrain.tf's `Job` (a `Lifecycle`: Keras's fit, through its Guard callback). Each adds
+only how its framework reads and writes its state.
 
 - where the run is: the position (epoch, batches stepped in it, steps in all), the batching a
   resumed epoch was cut into, where interval checkpoints go (`saving_to`);
@@ -28,8 +29,7 @@ from hvdtrain.watchdog import AT_CHECKPOINT
 
 
 class Lifecycle:
-    start_call = "start"  # the call whose checkpoint_every= asks for interval checkpoints
-    handle = "run"        # what the user's code calls this object (its error lines name run.resume())
+    """What every one of them has: the stop request, rank 0's writer, the vote, the write, the requeue."""
 
     def __init__(self, backend, cfg, job_id: str | None, watchdog=None):
         self.backend, self.cfg, self.job_id = backend, cfg, job_id
@@ -53,12 +53,6 @@ class Lifecycle:
         """The watchdog whose heartbeat the steps and checkpoint writes beat."""
         self.watchdog = self.writer.watchdog = watchdog
 
-    # ------------------------------------------------------------------ the steps
-    def step_done(self) -> None:
-        """After each optimizer step: the position, the watchdog's heartbeat. Not collective."""
-        self.position = self.position.after_step()
-        self.watchdog.beat(self.position.global_step)
-
     def vote(self, interval: ckpt.Interval | None = None) -> Votes:
         """Every rank, at the same step: what each saw, summed (meter.Votes). A background write
         that failed ends every rank here, with rank 0's line."""
@@ -70,6 +64,34 @@ class Lifecycle:
         if not votes.writing:
             self.writer.say_written()
         return votes
+
+    def write(self, checkpoint_dir: str, capture, keep: int, background: bool = False) -> None:
+        """Every rank: rank 0 writes what capture() returns, atomically; every rank learns how it went
+        (a background write: that it started), and all end together on a failure."""
+        error = self.writer.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
+        error = self.backend.broadcast_object(error, "checkpoint_written")
+        if error:
+            raise UsageError(error)
+
+    def requeue_if_asked(self, stopped_by: str | None) -> None:
+        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop)."""
+        requeue = requeue_after_stop(stopped_by, self.job_id, self.is_rank0)
+        if requeue:
+            self.log(requeue)
+
+
+class LoopLifecycle(Lifecycle):
+    """The lifecycle of a loop the user writes (Run, TapeJob): its steps, its stop vote with the
+    interval checkpoint, its checkpoints' position, its end. Keras's fit (Job) runs these through
+    its Guard callback instead."""
+    start_call = "start"  # the call whose checkpoint_every= asks for interval checkpoints
+    handle = "run"        # what the user's code calls this object (its error lines name run.resume())
+
+    # ------------------------------------------------------------------ the steps
+    def step_done(self) -> None:
+        """After each optimizer step: the position, the watchdog's heartbeat. Not collective."""
+        self.position = self.position.after_step()
+        self.watchdog.beat(self.position.global_step)
 
     def should_stop(self) -> bool:
         """Did SIGUSR1/SIGTERM reach any rank? A vote: every rank stops at the same step, then
@@ -115,21 +137,7 @@ class Lifecycle:
         self.checkpoint_interval.written()
         self.watchdog.beat(where="after writing a checkpoint")
 
-    def write(self, checkpoint_dir: str, capture, keep: int, background: bool = False) -> None:
-        """Every rank: rank 0 writes what capture() returns, atomically; every rank learns how it went
-        (a background write: that it started), and all end together on a failure."""
-        error = self.writer.save(checkpoint_dir, capture, keep=keep, background=background) if self.is_rank0 else None
-        error = self.backend.broadcast_object(error, "checkpoint_written")
-        if error:
-            raise UsageError(error)
-
     # ------------------------------------------------------------------ the end
-    def requeue_if_asked(self, stopped_by: str | None) -> None:
-        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop)."""
-        requeue = requeue_after_stop(stopped_by, self.job_id, self.is_rank0)
-        if requeue:
-            self.log(requeue)
-
     def end(self) -> None:
         """Last, every rank: the requeue after SIGUSR1 (not after SIGTERM: scancel); a background
         write still running ends, its failure said on every rank; the watchdog stops; what the

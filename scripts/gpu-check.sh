@@ -415,7 +415,7 @@ shared_weights() {  # against shared-ref, the runs that wrote a checkpoint (Horo
 # ---------------------------------------------------------------- the stages
 STAGE_FUNCTIONS="say make_env build_horovod check_build plain_loop hvdtrain_run jpeg_data jpeg_run lightning_run shared_nccl launch2
                  shared_common shared_run shared_weights profile_run"
-STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS STEPS BATCH JPEGS JPEG_WORKERS common
+STAGE_VARIABLES="REPO DEVICE GPU_OPS CUDA_ARCHS FILES OUT WORK LOGS VENV PY PYTHON EPOCHS AB_EPOCHS STEPS BATCH JPEGS JPEG_WORKERS common
                  MODEL SIZE AMP CHANNELS_LAST WORKERS SHARED_STEPS SHARED_BATCH"
 rm -rf "$WORK"/shared-* "$WORK/ckpt-every" "$WORK/nccl-carried"
 stage env 90 make_env || true
@@ -438,7 +438,7 @@ stage shared-resume 75 shared_run shared-resume --epochs 2 --checkpoint-dir "$WO
 stage shared-doctor 45 launch2 "$PY" -m hvdtrain.doctor --framework torch "${shared_doctor_args[@]}" || true
 stage horovod 120 hvdtrain_run horovod --epochs "$AB_EPOCHS" --checkpoint-dir "$WORK/ckpt" || true
 stage plain 90 plain_loop plain || true
-stage horovod-2 90 hvdtrain_run horovod-2 --epochs "$AB_EPOCHS" || true
+stage horovod-2 90 hvdtrain_run horovod-2 --epochs "$AB_EPOCHS" --checkpoint-dir "$WORK/ckpt-2" || true
 stage plain-2 90 plain_loop plain-2 || true
 stage ceiling 60 plain_loop ceiling --feed ceiling || true
 stage ddp 90 hvdtrain_run ddp --epochs "$EPOCHS" --backend ddp || true

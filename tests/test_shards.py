@@ -326,3 +326,26 @@ def test_a_shard_that_cannot_be_read_during_training_is_one_line_naming_it(folde
     os.unlink(shard)  # after the start's checks: moved, purged by the scratch file system's policy
     with pytest.raises(BadSample, match=rf"cannot read shard {re.escape(shard)}, member 00000004\.\w+ \(No such file"):
         reader.read(4)
+
+
+def test_the_crop_key_reaches_hvdtrains_crop_through_subsets_and_compose(folder):
+    """SeededSamples hands hvdtrain's crop the key (seed, epoch, sample) explicitly: through a
+    Subset of the image folder and through a torchvision Compose around TrainCrop too; the window
+    is the sample's, not one drawn from torch's generator."""
+    from torch.utils.data import Subset
+    from torchvision.transforms import v2
+
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.torch import data, images, loader
+
+    plain = images.image_folder(f"{folder}/train", images.train_augment(12))
+    composed = images.image_folder(f"{folder}/train", v2.Compose([images.train_augment(12), v2.Identity()]))
+    for dataset, inner, j in ((data.SeededSamples(Subset(plain, [5, 2, 7]), 3), plain, 2),
+                              (data.SeededSamples(composed, 3), composed, 1)):
+        x, _ = dataset[(4, 1)]  # epoch 4, sample 1
+        expected = images.TrainCrop(12)(images.load_file(inner.samples[j][0]), (3, 4, 1))
+        other = images.TrainCrop(12)(images.load_file(inner.samples[j][0]), (3, 5, 1))
+        assert torch.equal(x, expected) and not torch.equal(x, other)
+        assert loader.plan_loader(TrainConfig(num_workers=0), dataset, "train").crops.startswith("keyed")
+    users = data.SeededSamples(torch.utils.data.TensorDataset(torch.zeros(4, 3, 8, 8)), 3)
+    assert loader.plan_loader(TrainConfig(num_workers=0), users, "train").crops == "the dataset's own"

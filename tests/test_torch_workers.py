@@ -156,6 +156,11 @@ def test_in_memory_data_starts_no_worker_in_training_or_validation():
     assert loaders.train_loader(digits, cfg, 0, 2, epoch=0, skip_batches=0).num_workers == 0
     assert loaders.val_loader(digits, cfg, 1, 2).num_workers == 0  # a Subset of the arrays
     assert loaders.val_loader(ProcessProbe(), cfg, 1, 2).num_workers == 2  # files: workers as asked
+    # A user's validation split of their arrays (random_split's Subset) is read through a Subset
+    # of that Subset, as one dataset of theirs: workers as asked, and no gather.
+    split = torch.utils.data.Subset(digits, list(range(10)))
+    assert loaders.train_loader(split, cfg, 0, 2, epoch=0, skip_batches=0).num_workers == 0
+    assert loaders.val_loader(split, cfg, 1, 2).num_workers == 2
 
 
 def test_workers_are_forked_by_the_forkserver_with_stop_signals_blocked_then_ignored():

@@ -4,7 +4,7 @@
     trainer.fit(MyResNet(num_classes=1000), datamodule=data)
 
 An image folder (train/ and val/ class folders) or hvdtrain's shards (`python -m hvdtrain.shards
-write`), read as `python -m hvdtrain.torch` reads them (hvdtrain/torch/data.py): JPEGs decoded to
+write`), read as `python -m hvdtrain.torch` reads them (hvdtrain/torch/data.py, loader.py): JPEGs decoded to
 uint8 by libjpeg-turbo in the decode workers (the rank's cores less one by default), the one crop
 rule of every framework (a function of seed, epoch and sample), each rank its share of each
 epoch (a few shards per rank from shards), every validation image on exactly one rank, workers

@@ -46,6 +46,7 @@ import numpy as np
 
 from hvdtrain import checkpoint as ckpt
 from hvdtrain.errors import UsageError, exits_on_usage_error
+from hvdtrain.lifecycle import LoopLifecycle
 from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, keras_callbacks
 from hvdtrain.tf.keras_callbacks import PROG, Job
@@ -79,7 +80,7 @@ def _optimizer_variables(optimizer) -> list:
     return list(variables() if callable(variables) else variables)
 
 
-class TapeJob(Job):
+class TapeJob(Job, LoopLifecycle):
     """This rank's part of a GradientTape loop: rank, local_rank, world_size, is_rank0, device,
     position (a hvdtrain.checkpoint.Position), stopped_by (the signal should_stop() agreed on)."""
     loop = "custom"

@@ -44,8 +44,22 @@ class SeededSamples(Dataset):
         # hold the copy of this dataset made when they started, whose `epoch` is the first one's.
         epoch, i = key if isinstance(key, tuple) else (self.epoch, key)
         torch.manual_seed((self.seed * 1_000_003 + epoch * 1_000_000_007 + i) % (2**63))  # a user's transforms
-        read_sample = getattr(self.dataset, "read_sample", None)  # hvdtrain's images: the crop's key
-        return read_sample(i, (self.seed, epoch, i)) if read_sample else self.dataset[i]
+        read_sample, j = _sample_reader(self.dataset, i)  # hvdtrain's images (or yours): the crop's key
+        return read_sample(j, (self.seed, epoch, i)) if read_sample else self.dataset[i]
+
+
+def _sample_reader(dataset, i: int):
+    """(the `read_sample(i, crop_key)` of `dataset` or of the dataset under its Subsets, i there),
+    or (None, i) where there is none."""
+    while isinstance(dataset, Subset):
+        dataset, i = dataset.dataset, dataset.indices[i]
+    return getattr(dataset, "read_sample", None), i
+
+
+def crops_keyed(dataset) -> bool:
+    """Whether `dataset`'s crops are keyed by (seed, epoch, sample): SeededSamples over a dataset
+    that takes the key (`read_sample`)."""
+    return isinstance(dataset, SeededSamples) and _sample_reader(dataset.dataset, 0)[0] is not None
 
 
 class SkipSampler(Sampler):
@@ -77,7 +91,7 @@ class WithEpoch(Sampler):
 
 def build_datasets(cfg):
     """(train, val, in_channels, num_classes, image_size) for cfg.dataset. Image files (a folder
-    tree, shards) give uint8 images, normalised on the device (hvdtrain/torch/images.py)."""
+    tree, shards) give uint8 images, normalised where the loader's plan says (hvdtrain/torch/loader.py)."""
     if cfg.dataset == "digits":
         split = datasets.digits_split()
     elif cfg.dataset == "synthetic":

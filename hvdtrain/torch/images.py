@@ -127,7 +127,7 @@ def to_model_input(x: torch.Tensor, normalization, channels_last: bool = False) 
     for the memory format."""
     if normalization is not None and x.dtype == torch.uint8:
         mean, inverse_std = _normalization_constants(normalization, x.device)
-        if x.ndim == 3:  # one image (CHW), in a decode worker: see normalize_in_workers
+        if x.ndim == 3:  # one image (CHW), in a decode worker: NormalizedBatches
             mean, inverse_std = mean[0], inverse_std[0]
         x = x.float().sub_(mean).mul_(inverse_std)  # one new tensor, not three
     if channels_last and x.ndim == 4:
@@ -233,9 +233,13 @@ class _Images:
 
     def read_sample(self, i: int, crop_key):
         x, label = self._decoded(i)
-        if isinstance(self.transform, TrainCrop):
-            return self.transform(x, crop_key), label
-        return (x if self.transform is None else self.transform(x)), label
+        # The transform, or each of a torchvision Compose's: TrainCrop with the key.
+        for transform in getattr(self.transform, "transforms", None) or [self.transform]:
+            if isinstance(transform, TrainCrop):
+                x = transform(x, crop_key)
+            elif transform is not None:
+                x = transform(x)
+        return x, label
 
 
 def image_folder(root: str, transform) -> FolderImages:

@@ -62,10 +62,14 @@ def plan_loader(cfg, dataset, split: str, device="cpu", *, sharding: str = "per 
     """What `split`'s batches of `dataset` will be under cfg on `device`. `feeder`: whether the
     caller's feeder may run a thread at all (the trainer's --feeder and core count)."""
     device = torch.device(device)
-    inner = dataset.dataset if isinstance(dataset, Subset) else dataset
-    in_memory = isinstance(inner, (data.ArrayDataset, TensorDataset))
+    # What the DataLoader reads: validation's is a Subset of the dataset (this rank's exact shard).
+    seen = dataset if split == "train" else Subset(dataset, range(0))
+    in_memory = isinstance(seen.dataset if isinstance(seen, Subset) else seen, (data.ArrayDataset, TensorDataset))
     ours = images.ours(dataset)
     decoder = "none" if in_memory else "dali" if cfg.loader == "dali" else "torch"
+    if decoder == "dali" and sharding != "per rank":  # the options refuse it (--loader: horovod and ddp)
+        raise UsageError("--loader dali gives each rank its own batches: a backend that shards them itself "
+                         "(Accelerate, Lightning) cannot take them")
     workers = 0 if in_memory else cfg.num_workers or 0
     normalization = data.input_normalization(dataset)
     if normalization is None:
@@ -79,14 +83,14 @@ def plan_loader(cfg, dataset, split: str, device="cpu", *, sharding: str = "per 
     else:
         normalised_in = "device"
     train = split == "train"
-    gathered = workers == 0 and _gatherable(dataset) is not None
+    gathered = workers == 0 and _gatherable(seen) is not None
     return LoaderPlan(
         split=split, source="tensors in memory" if in_memory else "image files" if ours else "your dataset",
         decoder=decoder, workers=workers,
         batch_size=cfg.batch_size * (cfg.batches_per_allreduce if train else 1),
         order=("shard blocks" if data.sample_shards(dataset) is not None else "DistributedSampler") if train
         else "exact shard", sharding=sharding,
-        crops="keyed (seed, epoch, sample)" if train and isinstance(dataset, data.SeededSamples) else "the dataset's own",
+        crops="keyed (seed, epoch, sample)" if train and data.crops_keyed(dataset) else "the dataset's own",
         normalised_in=normalised_in, normalization=normalization, gathered=gathered,
         pin_memory=torch.cuda.is_available() and not _device_columns(dataset),
         # What runs on the feeder's thread draws nothing from torch's global generator: batches
@@ -127,8 +131,8 @@ def create_loader(plan: LoaderPlan, dataset, rank: int, world_size: int, epoch: 
 
 # Loaders whose workers are kept from one epoch (or validation pass) to the next (_dataloader), by
 # (split, rank, world size, batch size, id of the dataset, workers): (dataset, loader, its
-# _CurrentSampler). And
-# loaders a library made from one of those (Accelerate's prepare copies persistent_workers), by id.
+# _CurrentSampler); and, by id, loaders a library made from one of those (Accelerate's prepare
+# copies persistent_workers).
 _kept: dict = {}
 
 

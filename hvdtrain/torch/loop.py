@@ -28,7 +28,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, exits_on_usage_error, in_one_line
 from hvdtrain.cluster.netsockets import loopback_settings
 from hvdtrain.report import say
-from hvdtrain.lifecycle import Lifecycle
+from hvdtrain.lifecycle import LoopLifecycle
 from hvdtrain.runtime import decode_workers, threads_per_rank
 from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch import checkpoint_file, images, loader
@@ -94,7 +94,7 @@ class _SeededSteps:
             yield batch
 
 
-class Run(Lifecycle):
+class Run(LoopLifecycle):
     """One rank's part of the job: rank, local_rank, world_size, device, is_rank0, stopped_by. Its
     stop vote, checkpoints, requeue and end are hvdtrain/lifecycle.py's."""
 
