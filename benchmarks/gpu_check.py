@@ -438,7 +438,10 @@ def shared_summary(logs: str) -> dict:
                                             if "resumed from" in line), None)
     except OSError:
         summary["resumed_line"] = None
-    hvd, res = summary["runs"]["shared-hvd"], summary["runs"]["shared-resume"]
+    hvd, res, ddp = summary["runs"]["shared-hvd"], summary["runs"]["shared-resume"], summary["runs"]["shared-ddp"]
+    # Horovod's overhead against DDP's, where it exists: at two ranks (one rank communicates nothing).
+    summary["horovod_over_ddp"] = (hvd["images_per_sec"] / ddp["images_per_sec"]
+                                   if hvd and ddp and hvd["images_per_sec"] and ddp["images_per_sec"] else None)
     summary["resume_ran"] = bool(summary["resumed_line"] and hvd and res and res["global_step"] > hvd["global_step"])
     summary["weights"] = weights = _load(os.path.join(logs, "shared-weights.json"))
     between = ((weights or {}).get("between") or {}).get("relative_distance")
@@ -473,6 +476,8 @@ def shared_lines(shared: dict, num) -> list[str]:
                      f"| {label} | {r['world_size']} | {r['global_step']} | {num(r['images_per_sec'])} | {r['device']} | "
                      f"{'yes' if r['ranks_equal'] else 'NO'} |")
     w = shared["weights"]
+    lines += ["", f"Horovod / DDP at two ranks: {num(shared['horovod_over_ddp'], '{:.3f}')} (one run each; both "
+              "ranks on one GPU: the collectives under contention, not a multi-GPU figure)."]
     lines.append("")
     if w:
         d = {n: v.get("relative_distance") for n, v in w["runs"].items()}

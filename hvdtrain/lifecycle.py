@@ -1,7 +1,7 @@
-"""One run's lifecycle for the APIs around a user's own code: hvdtrain.torch.loop's `Run` and the
-tape loop's `TapeJob` (a `LoopLifecycle`: the user's loop calls step_done, should_stop, save,
-finish) and hvdtrain.tf's `Job` (a `Lifecycle`: Keras's fit, through its Guard callback). Each adds
-only how its framework reads and writes its state.
+"""One run's lifecycle for every entry point: the epoch trainer (hvdtrain/trainer.py) and
+hvdtrain.tf's `Job` (Keras's fit, through its Guard callback) are a `Lifecycle`; hvdtrain.torch.loop's
+`Run` and the tape loop's `TapeJob` a `LoopLifecycle` (the user's loop calls step_done,
+should_stop, save, finish). Each adds only how its framework reads and writes its state.
 
 - where the run is: the position (epoch, batches stepped in it, steps in all), the batching a
   resumed epoch was cut into, where interval checkpoints go (`saving_to`);
@@ -13,9 +13,9 @@ only how its framework reads and writes its state.
 - the end: the requeue after Slurm's warning (runtime.requeue_after_stop), a write in flight
   finished, the watchdog stopped, the backend shut down.
 
-The epoch trainer (hvdtrain/trainer.py) keeps the same rules in its own loop, its vote riding in
-the step's reduction (hvdtrain/meter.py); Lightning's guards (hvdtrain/lightning/guards.py) in
-the strategy's reduction; both with meter.Votes and runtime.requeue_after_stop.
+The epoch trainer's stop vote rides in its step's reduction (hvdtrain/meter.py, with meter.Votes);
+Lightning's guards (hvdtrain/lightning/guards.py) vote in the strategy's reduction, with
+meter.Votes and runtime.requeue_after_stop.
 """
 from __future__ import annotations
 
@@ -73,11 +73,12 @@ class Lifecycle:
         if error:
             raise UsageError(error)
 
-    def requeue_if_asked(self, stopped_by: str | None) -> None:
-        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop)."""
+    def requeue_if_asked(self, stopped_by: str | None) -> str | None:
+        """Rank 0, after SIGUSR1 (Slurm's time-limit warning) only (runtime.requeue_after_stop): its line."""
         requeue = requeue_after_stop(stopped_by, self.job_id, self.is_rank0)
         if requeue:
             self.log(requeue)
+        return requeue
 
 
 class LoopLifecycle(Lifecycle):

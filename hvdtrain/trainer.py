@@ -41,7 +41,8 @@ from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
 from hvdtrain.cluster.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.result_file import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
-from hvdtrain.runtime import StopRequest, decode_workers, requeue_after_stop, threads_per_rank
+from hvdtrain.lifecycle import Lifecycle
+from hvdtrain.runtime import decode_workers, threads_per_rank
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
 
 
@@ -72,7 +73,7 @@ def plan_steps(cfg: TrainConfig, train_size: int, val_size: int) -> StepPlan:
                     train_size)
 
 
-class EpochTrainer(abc.ABC):
+class EpochTrainer(Lifecycle, abc.ABC):
     framework = "?"
     prog = "hvdtrain"
     # False: the loss is the user's, and the steps' "correct" counts nothing (no accuracy reported).
@@ -86,14 +87,12 @@ class EpochTrainer(abc.ABC):
         the parts. A subclass that needs more arguments sets them before calling this."""
         self._start_backend(cfg)
         self.reporter = Rank0Reporter(self.is_rank0, None, self.prog)
+        # The stop request, the position, rank 0's writer, --checkpoint-every's interval: the
+        # lifecycle every entry point shares (hvdtrain/lifecycle.py).
+        Lifecycle.__init__(self, self.backend, self.cfg, self.env.job_id, self.watchdog)
         self._said_data_bound = False  # the input-bound line: once a run
-        self.checkpoint_interval = ckpt.Interval(self.cfg.checkpoint_interval, self.is_rank0)  # --checkpoint-every
-        self.writer = ckpt.Writer(say=lambda line: self.reporter.info(line))  # rank 0's checkpoint writes
-        self.writer.watchdog = self.watchdog
         self.writing = False  # every rank: rank 0 writes a checkpoint in the background now
         self._check_outputs()
-        self.stop = StopRequest()
-        self.position = ckpt.Position()
         self.loss_reference: float | None = None  # what --divergence-factor multiplies
         self.listeners: dict[int, list[str]] = {}  # rank -> addresses beyond loopback (_log_start)
         self.resized: str | None = None  # how a resume with --allow-resize changed the position
@@ -200,6 +199,9 @@ class EpochTrainer(abc.ABC):
     def _phase_clock(self) -> PhaseClock | None:
         """The clock that times the phases of a step (hvdtrain/phases.py), or None where this
         trainer does not mark them."""
+
+    def log(self, line: str, every_rank: bool = False) -> None:  # rank 0's reporter (the lifecycle's lines)
+        self.reporter.info(line)
 
     def _loop_description(self) -> str:
         """What the start's log line adds about the loop (after the launcher)."""
@@ -428,13 +430,9 @@ class EpochTrainer(abc.ABC):
             return
         self.watchdog.beat(where=AT_CHECKPOINT)
         self._average_statistics()  # the checkpoint holds every rank's BatchNorm statistics, not rank 0's
-        error = self.writer.save(self.cfg.checkpoint_dir, self._checkpoint_file, keep=self.cfg.keep_checkpoints,
-                                 background=background) if self.is_rank0 else None
-        error = self.backend.broadcast_object(error, "checkpoint_written")
-        self.writing = background and not error
+        self.write(self.cfg.checkpoint_dir, self._checkpoint_file, self.cfg.keep_checkpoints, background)
+        self.writing = background
         self.watchdog.beat(where="after writing a checkpoint")
-        if error:
-            raise UsageError(error)
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -530,9 +528,7 @@ class EpochTrainer(abc.ABC):
         requeue = None
         if stopped_by:
             self.reporter.info(f"stopped by {stopped_by} at step {self.position.global_step}; checkpoint written")
-            requeue = requeue_after_stop(stopped_by, env.job_id, self.is_rank0)
-            if requeue:
-                self.reporter.info(requeue)
+            requeue = self.requeue_if_asked(stopped_by)
         result = {
             "framework": self.framework, **b.describe(), **self._result_extras(),
             "config": cfg.to_dict(), "world_size": self.world_size, "launcher": env.launcher, "ranks": per_rank,

@@ -116,6 +116,9 @@ def test_gpu_check_cpu_mode(tmp_path):
     # and DDP, near the one-rank run of the same global batch, a resume that went on, the doctor.
     shared = figures["shared_gpu"]
     runs = shared["runs"]
+    assert shared["horovod_over_ddp"] == pytest.approx(runs["shared-hvd"]["images_per_sec"]
+                                                       / runs["shared-ddp"]["images_per_sec"])
+    assert f"Horovod / DDP at two ranks: {shared['horovod_over_ddp']:.3f}" in report, report
     assert runs["shared-ref"]["world_size"] == 1 and runs["shared-ref"]["global_step"] == 3, runs
     for name in ("shared-hvd", "shared-ddp", "shared-resume"):
         assert runs[name]["world_size"] == 2 and runs[name]["ranks_equal"], runs

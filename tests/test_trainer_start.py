@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint as ckpt
+from hvdtrain import checkpoint as ckpt, lifecycle
 from hvdtrain import trainer as trainer_module
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
@@ -104,7 +104,7 @@ def one_rank(monkeypatch):
     in pytest's process, no environment variables exported."""
     monkeypatch.setattr(trainer_module.backends, "start", lambda cfg: OneRank())
     monkeypatch.setattr(trainer_module.tuning, "apply", lambda settings: {})
-    monkeypatch.setattr(trainer_module, "StopRequest", lambda: SimpleNamespace(signal_name=None))
+    monkeypatch.setattr(lifecycle, "StopRequest", lambda: SimpleNamespace(signal_name=None))
 
 
 def config(**options) -> TrainConfig:
