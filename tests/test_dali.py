@@ -256,7 +256,6 @@ if sys.argv[1] == "tensorflow":
         out[split] = [np.transpose(load(tf.constant(i, tf.int64), tf.constant(draws[i]) if train else None)[0].numpy(),
                                    (2, 0, 1)) for i in range(len(paths))]
 elif sys.argv[1] == "tf-dali":  # TensorFlow's windows, packed for DALI's graph (hvdtrain/tf/dali.py)
-    from types import SimpleNamespace
     import tensorflow as tf
     from hvdtrain.tf import dali, data
     files = tf.constant(paths)
@@ -264,7 +263,7 @@ elif sys.argv[1] == "tf-dali":  # TensorFlow's windows, packed for DALI's graph 
         load = data._image_loader(lambda i: tf.io.read_file(files[i]), [0] * len(paths), size, train)
         draws = tf.constant(augment.sample_draws(seed, epoch, range(len(paths))))
         packed = tf.data.Dataset.range(len(paths)).map(lambda i: load.packed(i, draws[i] if train else None))
-        batches = dali._dali_dataset(SimpleNamespace(threads=1, image_size=size), packed, train, 1)
+        batches = dali._dali_dataset(packed, train, 1, size, 1)
         out[split] = [np.transpose(x[0].numpy(), (2, 0, 1)) for x, _ in batches]
 else:
     import torch

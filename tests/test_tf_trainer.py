@@ -448,9 +448,12 @@ def test_mid_epoch_resume_on_image_shards_ends_with_the_same_weights(tmp_path):
     every = ["--checkpoint-every", "3", "--keep-checkpoints", "9"]
     gpu_input = {**base_env(), "HVDTRAIN_TEST_TF_UINT8_INPUT": "1"}  # hvdtrain/test_hooks.py's TF_UINT8_INPUT
     result = str(tmp_path / "full.json")
-    run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every, "--result-json", result], timeout=300,
-           env=gpu_input)
+    full = run_tf(common + ["--checkpoint-dir", str(tmp_path / "full"), *every, "--result-json", result], timeout=300,
+                  env=gpu_input)
     assert load(result)["images_normalised_in"] == "the step, on the device"
+    # The start says how the batches are made (as the torch trainer's loader plan does).
+    assert ("train input: image files (shards), decoded by tf.data's map (1 thread(s)), shard blocks order (per rank), "
+            "crops keyed (seed, epoch, sample), normalised on the device, 4 a batch") in full.output, full.output[-3000:]
     # The windows TensorFlow's ops took from the first training images are the torch trainer's.
     from hvdtrain.torch import images
     torch_crops = images.crops_check(images.ShardImages(data, "train", None), 5)

@@ -53,32 +53,31 @@ def pack(data, label, window=None, flip=None):
                       tf.reshape(tf.cast(flip, tf.uint8), [1]), tf.io.decode_raw(data, tf.uint8)], 0)
 
 
-def batches(data, samples: tf.data.Dataset, split: str, count: int, batch_size: int,
-            drop_remainder: bool) -> tf.data.Dataset:
+def batches(samples: tf.data.Dataset, pack, *, train: bool, count: int, batch_size: int, drop_remainder: bool,
+            image_size: int, threads: int) -> tf.data.Dataset:
     """(images NHWC float32 normalised, labels int64) batches of the `count` samples that `samples`
-    gives (i, or (i, draws) for training), in that order, decoded by DALI. DALI makes full batches
-    only: a short last one (validation) comes from a second DALI dataset of that size."""
+    gives (i, or (i, draws) for training), in that order, decoded by DALI. pack(part): part's
+    samples as DALI's input (the pipeline's packed samples: hvdtrain/tf/data.py). DALI makes full
+    batches only: a short last one (validation) comes from a second DALI dataset of that size."""
     full = count // batch_size * batch_size
     parts = [(samples.take(full), batch_size)] if full else []
     if full < count and not drop_remainder:
         parts.append((samples.skip(full), count - full))
     out = None
     for part, size in parts:
-        ds = _dali_dataset(data, data.decoded(part, split, packed=True).with_options(data.options()),
-                           split == "train", size)
+        ds = _dali_dataset(pack(part), train, size, image_size, threads)
         out = ds if out is None else out.concatenate(ds)
     if out is None:  # no sample: an empty dataset of the same structure
-        empty = (tf.zeros([0, data.image_size, data.image_size, 3]), tf.zeros([0], tf.int64))
+        empty = (tf.zeros([0, image_size, image_size, 3]), tf.zeros([0], tf.int64))
         out = tf.data.Dataset.from_tensors(empty).take(0)
     return out
 
 
-def _dali_dataset(data, packed: tf.data.Dataset, train: bool, batch_size: int) -> tf.data.Dataset:
+def _dali_dataset(packed: tf.data.Dataset, train: bool, batch_size: int, size: int, threads: int) -> tf.data.Dataset:
     fn, pipeline_def, types, dali_tf = require()
     gpu = bool(tf.config.list_logical_devices("GPU"))  # the rank's one GPU (hvdtrain.tf.devices.pin_gpu)
-    size = data.image_size
 
-    @pipeline_def(batch_size=batch_size, num_threads=max(1, data.threads), device_id=0 if gpu else None, seed=0)
+    @pipeline_def(batch_size=batch_size, num_threads=max(1, threads), device_id=0 if gpu else None, seed=0)
     def graph():
         sample = fn.external_source(name="packed", dtype=types.UINT8)
         window = fn.reinterpret(fn.slice(sample, 0, 16, axes=[0]), dtype=types.FLOAT, shape=[4])

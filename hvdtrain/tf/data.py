@@ -68,6 +68,18 @@ class TFData:
     # What decodes image files: "tf" (this module's map) or "dali" (hvdtrain/tf/dali.py).
     loader: str = "tf"
 
+    def describe(self, split: str, batch_size: int) -> str:
+        """The start's line about a split's batches (as the torch trainer's loader plan says it)."""
+        files = self.files is not None
+        source = ("image files (shards)" if self.read_many else "image files") if files else "tensors in memory"
+        decoder = ("DALI" if self.loader == "dali" else "tf.data's map") if self.per_sample else "a gather"
+        order = "exact shard" if split == "val" else "shard blocks" if self.sample_shards is not None else "permutation"
+        normalised = ("by DALI" if self.per_sample and self.loader == "dali" else "on the device"
+                      if self.input_normalization is not None else "in the map" if self.per_sample else "as given")
+        crops = "keyed (seed, epoch, sample)" if files and split == "train" else "none"
+        return (f"{split} input: {source}, decoded by {decoder} ({self.threads} thread(s)), {order} order (per rank), "
+                f"crops {crops}, normalised {normalised}, {batch_size} a batch, prefetch {PREFETCH_BATCHES}")
+
     def options(self) -> tf.data.Options:
         """tf.data's threads within the rank's share, and no autotuning. By default tf.data
         sizes its own pool by the host's cores, not by the rank's share of them. Autotuning adds
@@ -183,7 +195,10 @@ class TFData:
 
     def _load(self, ds, split, batch_size, count, drop_remainder):
         if self.per_sample and self.loader == "dali":
-            return dali.batches(self, ds, split, count, batch_size, drop_remainder)
+            def pack(part):  # a part's samples read, windowed and packed for DALI, here
+                return self.decoded(part, split, packed=True).with_options(self.options())
+            return dali.batches(ds, pack, train=split == "train", count=count, batch_size=batch_size,
+                                drop_remainder=drop_remainder, image_size=self.image_size, threads=self.threads)
         if self.per_sample:  # image files
             ds = self.decoded(ds, split).batch(batch_size, drop_remainder=drop_remainder)
         else:

@@ -167,6 +167,10 @@ class Trainer(EpochTrainer):
     def _average_statistics(self) -> None:
         self.backend.average_variables(self.model.non_trainable_weights)
 
+    def _input_lines(self) -> list[str]:
+        splits = ("train", "val") if self.data.val_size else ("train",)
+        return [self.data.describe(split, self.cfg.batch_size) for split in splits]
+
     def _result_extras(self) -> dict:
         # What "threads per rank" meant here: every pool this rank's TensorFlow runs on.
         threading = tf.config.threading
