@@ -1,4 +1,5 @@
-"""One run's lifecycle for every entry point: the epoch trainer (hvdtrain/trainer.py) and
+"""One run's lifecycle for every entry point: the start (`start_rank`), then the epoch trainer
+(hvdtrain/trainer.py) and
 hvdtrain.tf's `Job` (Keras's fit, through its Guard callback) are a `Lifecycle`; hvdtrain.torch.loop's
 `Run` and the tape loop's `TapeJob` a `LoopLifecycle` (the user's loop calls step_done,
 should_stop, save, finish). Each adds only how its framework reads and writes its state.
@@ -19,13 +20,44 @@ meter.Votes and runtime.requeue_after_stop.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from hvdtrain import checkpoint as ckpt
+from hvdtrain.cluster import tuning
+from hvdtrain.cluster.env import ClusterEnv
+from hvdtrain.cluster.netsockets import loopback_settings
 from hvdtrain.errors import UsageError
 from hvdtrain.meter import Votes
-from hvdtrain.runtime import StopRequest, requeue_after_stop
-from hvdtrain.watchdog import AT_CHECKPOINT
+from hvdtrain.runtime import StopRequest, requeue_after_stop, threads_per_rank
+from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """A rank's start: the launcher's environment, its threads, its watchdog, the network settings
+    applied, its backend."""
+    env: ClusterEnv
+    threads: int
+    watchdog: Watchdog
+    network: dict
+    backend: object
+
+
+def start_rank(cfg, prog: str, set_threads, start_backend) -> Started:
+    """Every entry point's start, in this order: the launcher's environment read once (a backend
+    may export torchrun's variables for its own rendezvous later, which must not change what the
+    run reports as its launcher), this rank's threads (cfg.threads_per_rank, or its share of the
+    node's cores), the watchdog, armed before the backend starts (a rank missing at hvd.init() is
+    a hang too), Open MPI's and Gloo's settings (all ranks on this host: off the network, before
+    MPI_Init; the user's own win), then start_backend(cfg) (hvd.init(), init_process_group, ...)."""
+    env = ClusterEnv.from_environ()
+    threads = threads_per_rank(cfg.threads_per_rank, env.local_world_size)
+    watchdog = Watchdog(cfg.watchdog_seconds, prog, env.rank, env.world_size)
+    set_threads(threads)  # before the framework's first op
+    network = tuning.apply(loopback_settings(env))
+    return Started(env, threads, watchdog, network, start_backend(cfg))
 
 
 class Lifecycle:

@@ -29,21 +29,19 @@ import time
 import numpy as np
 
 from hvdtrain import backends, options, recipes
-from hvdtrain.cluster import tuning
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.cluster.env import ClusterEnv
+from hvdtrain.cluster.netsockets import exposed, listening
 from hvdtrain.collectives import Collectives
 from hvdtrain.config import TrainConfig
 from hvdtrain.data.datasets import check_enough_samples
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception
+from hvdtrain.lifecycle import Lifecycle, start_rank
 from hvdtrain.meter import StepMeter, divergence
 from hvdtrain.phases import PhaseClock, phases_summary, slowest_rank_line
-from hvdtrain.cluster.netsockets import exposed, listening, loopback_settings
 from hvdtrain.report import Rank0Reporter
 from hvdtrain.result_file import checksum_arrays, environment_fingerprint, library_versions, throughput_summary, write_json
-from hvdtrain.lifecycle import Lifecycle
-from hvdtrain.runtime import decode_workers, threads_per_rank
-from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
+from hvdtrain.runtime import decode_workers
+from hvdtrain.watchdog import AT_CHECKPOINT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,18 +112,13 @@ class EpochTrainer(Lifecycle, abc.ABC):
         self._log_start(resumed_from)
 
     def _start_backend(self, cfg: TrainConfig) -> None:
-        """Threads, watchdog and network settings, then the backend; the ranks agree on cfg."""
-        # The launcher's environment, read once: a backend may export torchrun's variables for
-        # its own rendezvous later, which must not change what this run reports as its launcher.
-        self.env = ClusterEnv.from_environ()
+        """Threads, watchdog and network settings, then the backend (lifecycle.start_rank); the
+        ranks agree on cfg."""
         exit_at_once_on_uncaught_exception()
-        self.threads = threads_per_rank(cfg.threads_per_rank, self.env.local_world_size)
-        # Armed before the backend starts: a rank missing at hvd.init() is a hang too.
-        self.watchdog = Watchdog(cfg.watchdog_seconds, self.prog, self.env.rank, self.env.world_size)
-        self._set_threads(self.threads)
-        # All ranks on this host: MPI and Gloo stay off the network (before MPI_Init; yours win).
-        self.network = tuning.apply(loopback_settings(self.env))
-        self.backend: Collectives = backends.start(cfg)  # hvd.init(), init_process_group, ...
+        started = start_rank(cfg, self.prog, self._set_threads, backends.start)  # hvdtrain/lifecycle.py
+        self.env, self.threads, self.watchdog = started.env, started.threads, started.watchdog
+        self.network = started.network
+        self.backend: Collectives = started.backend  # hvd.init(), init_process_group, ...
         self.cfg = cfg.with_world_size(self.backend.world_size)
         if self.cfg.num_workers is None:  # the decode workers follow the cores the job gave this rank
             self.cfg = dataclasses.replace(self.cfg, num_workers=decode_workers(self.threads))

@@ -103,7 +103,7 @@ def one_rank(monkeypatch):
     """The trainer's start without a launcher: one stand-in rank, no signal handlers installed
     in pytest's process, no environment variables exported."""
     monkeypatch.setattr(trainer_module.backends, "start", lambda cfg: OneRank())
-    monkeypatch.setattr(trainer_module.tuning, "apply", lambda settings: {})
+    monkeypatch.setattr(lifecycle.tuning, "apply", lambda settings: {})
     monkeypatch.setattr(lifecycle, "StopRequest", lambda: SimpleNamespace(signal_name=None))
 
 

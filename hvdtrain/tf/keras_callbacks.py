@@ -45,14 +45,10 @@ import functools
 import time
 
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.cluster import tuning
-from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exits_on_usage_error
-from hvdtrain.lifecycle import Lifecycle
-from hvdtrain.cluster.netsockets import loopback_settings
+from hvdtrain.lifecycle import Lifecycle, start_rank
 from hvdtrain.report import say
-from hvdtrain.runtime import threads_per_rank
 from hvdtrain.test_hooks import injected_delay
 from hvdtrain.tf import internals, npz_checkpoint
 from hvdtrain.watchdog import AT_CHECKPOINT, Watchdog
@@ -91,15 +87,12 @@ def start_job(job_class: type, seed: int | None, threads: int | None, watchdog_s
     cfg = TrainConfig(framework="tf", loop=job_class.loop, seed=0 if seed is None else seed,
                       watchdog_seconds=watchdog_seconds, threads_per_rank=threads, checkpoint_every=every,
                       checkpoint_dir="job.resume's" if every else None)  # checks them
-    env = ClusterEnv.from_environ()
-    threads = threads_per_rank(threads, env.local_world_size)
-    with _watched(cfg, env.rank, env.world_size, "starting Horovod"):  # a rank missing at hvd.init() hangs the rest
-        from hvdtrain.tf.backend_horovod import HorovodBackend
-        from hvdtrain.tf.train import set_threads
+    from hvdtrain.tf.backend_horovod import HorovodBackend
+    from hvdtrain.tf.train import set_threads
 
-        set_threads(threads)  # before TensorFlow's first op
-        tuning.apply(loopback_settings(env))  # all ranks on this host: MPI stays off the network
-        backend = HorovodBackend(cfg)  # hvd.init(), this rank's GPU
+    started = start_rank(cfg, PROG, set_threads, HorovodBackend)  # hvd.init(), this rank's GPU (hvdtrain/lifecycle.py)
+    started.watchdog.stop()  # it watched the start; fit's Guard (or the tape loop) arms its own
+    backend, env = started.backend, started.env
     if seed is not None:
         keras.utils.set_random_seed(seed)  # the same initial weights on every rank
     _job = job_class(keras, backend, cfg.with_world_size(backend.world_size), env.job_id)

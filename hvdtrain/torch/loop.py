@@ -22,19 +22,15 @@ import numpy as np
 import torch
 
 from hvdtrain import checkpoint as ckpt
-from hvdtrain.cluster import tuning
-from hvdtrain.cluster.env import ClusterEnv
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError, exit_at_once_on_uncaught_exception, exits_on_usage_error, in_one_line
-from hvdtrain.cluster.netsockets import loopback_settings
+from hvdtrain.lifecycle import LoopLifecycle, start_rank
 from hvdtrain.report import say
-from hvdtrain.lifecycle import LoopLifecycle
-from hvdtrain.runtime import decode_workers, threads_per_rank
-from hvdtrain.torch.backend_horovod import HorovodBackend
+from hvdtrain.runtime import decode_workers
 from hvdtrain.torch import checkpoint_file, images, loader
+from hvdtrain.torch.backend_horovod import HorovodBackend
 from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
-from hvdtrain.watchdog import Watchdog
 
 PROG = "hvdtrain.torch.loop"
 
@@ -51,19 +47,15 @@ def start(seed: int = 0, *, watchdog_seconds: float | None = None, threads: int 
     # (Checked with a stand-in directory: run.resume() names the real one.)
     cfg = TrainConfig(seed=seed, watchdog_seconds=watchdog_seconds, threads_per_rank=threads, checkpoint_every=every,
                       checkpoint_dir="run.resume's" if every else None)
-    env = ClusterEnv.from_environ()
     exit_at_once_on_uncaught_exception()
-    threads = threads_per_rank(threads, env.local_world_size)
-    torch.set_num_threads(threads)
-    watchdog = Watchdog(watchdog_seconds, PROG, env.rank, env.world_size)
-    tuning.apply(loopback_settings(env))  # all ranks on this host: MPI stays off the network
-    backend = HorovodBackend(cfg)
+    started = start_rank(cfg, PROG, torch.set_num_threads, HorovodBackend)  # hvdtrain/lifecycle.py
+    backend = started.backend
     device = rank_device(backend.local_rank, backend.local_world_size)  # refuses ranks sharing a GPU
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(seed)
-    cfg = dataclasses.replace(cfg, num_workers=decode_workers(threads))  # loader()'s default
-    return Run(backend, cfg, device, watchdog, env.job_id)
+    cfg = dataclasses.replace(cfg, num_workers=decode_workers(started.threads))  # loader()'s default
+    return Run(backend, cfg, device, started.watchdog, started.env.job_id)
 
 
 class _SeededSteps:
