@@ -168,7 +168,7 @@ class Trainer(EpochTrainer):
         self.backend.average_variables(self.model.non_trainable_weights)
 
     def _input_lines(self) -> list[str]:
-        splits = ("train", "val") if self.data.val_size else ("train",)
+        splits = ("train", "val") if self.data.val_size and self.cfg.validates else ("train",)
         return [self.data.describe(split, self.cfg.batch_size) for split in splits]
 
     def _result_extras(self) -> dict:

@@ -162,7 +162,7 @@ class Trainer(EpochTrainer):
         return images.to_model_input(x, self.loader_plans["train"].normalization, self.channels_last)
 
     def _input_lines(self) -> list[str]:
-        return [plan.describe() for plan in self.loader_plans.values()]
+        return [plan.describe() for split, plan in self.loader_plans.items() if split == "train" or self.cfg.validates]
 
     def _batches(self, split: str, **where):
         """`split`'s batches on the device (its plan's loader, the library's copy where the backend
