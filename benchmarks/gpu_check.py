@@ -276,15 +276,16 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     meta = _load(os.path.join(logs, "check.json")) or {}
     env = _load(os.path.join(logs, "env.json")) or {}
     stages = _stages(work)
-    plain_runs = [r for r in (_load(os.path.join(logs, f"{n}.json")) for n in ("plain", "plain-2")) if r]
+    plain_by_name = {n: _load(os.path.join(logs, f"{n}.json")) or {} for n in ("plain", "plain-2")}
+    plain_runs = [r for r in plain_by_name.values() if r]
+    plain_rate = {n: r.get("images_per_sec") for n, r in plain_by_name.items()}
     plain_rates = [r["images_per_sec"] for r in plain_runs if r.get("images_per_sec")]
     plain = sum(plain_rates) / len(plain_rates) if plain_rates else None
     runs = {n: _load(os.path.join(logs, f"{n}.json"))
             for n in ("horovod", "horovod-2", "ddp", "resume", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}
     # hvdtrain and the plain loop alternated (horovod, plain, horovod-2, plain-2): the pairs' ratios.
     alternated = ratio_verdict([_hvdtrain_rate(runs[n]) for n in ("horovod", "horovod-2")],
-                               [(_load(os.path.join(logs, f"{n}.json")) or {}).get("images_per_sec")
-                                for n in ("plain", "plain-2")], None if meta.get("device") == "cpu" else GOAL)
+                               [plain_rate["plain"], plain_rate["plain-2"]], None if meta.get("device") == "cpu" else GOAL)
     ceiling = (_load(os.path.join(logs, "ceiling.json")) or {}).get("images_per_sec")
     rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n])
                                 for n in ("horovod", "ddp", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}}
@@ -362,7 +363,7 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
               "`--feed prefetch`), the two run by turns:", "",
               "| pair | hvdtrain, Horovod | plain loop | ratio |", "|---|---|---|---|"]
     for a, b in (("horovod", "plain"), ("horovod-2", "plain-2")):
-        mine, theirs = _hvdtrain_rate(runs[a]), (_load(os.path.join(logs, f"{b}.json")) or {}).get("images_per_sec")
+        mine, theirs = _hvdtrain_rate(runs[a]), plain_rate[b]
         lines.append(f"| {a} / {b} | {num(mine)} | {num(theirs)} | "
                      f"{num(mine / theirs if mine and theirs else None, '{:.3f}')} |")
     lines += ["", f"Median {num(alternated['median'], '{:.3f}')}, spread {num(alternated['spread'], '{:.3f}')} "

@@ -1,8 +1,8 @@
-"""One run's lifecycle for every entry point: the start (`start_rank`), then the epoch trainer
-(hvdtrain/trainer.py) and
-hvdtrain.tf's `Job` (Keras's fit, through its Guard callback) are a `Lifecycle`; hvdtrain.torch.loop's
-`Run` and the tape loop's `TapeJob` a `LoopLifecycle` (the user's loop calls step_done,
-should_stop, save, finish). Each adds only how its framework reads and writes its state.
+"""One run's lifecycle for every entry point: the start (`start_rank`); then the epoch trainer
+(hvdtrain/trainer.py) and hvdtrain.tf's `Job` (Keras's fit, through its Guard callback) are a
+`Lifecycle`, hvdtrain.torch.loop's `Run` and the tape loop's `TapeJob` a `LoopLifecycle` (the
+user's loop calls step_done, should_stop, save, finish). Each adds only how its framework reads
+and writes its state.
 
 - where the run is: the position (epoch, batches stepped in it, steps in all), the batching a
   resumed epoch was cut into, where interval checkpoints go (`saving_to`);
@@ -61,18 +61,16 @@ def start_rank(cfg, prog: str, set_threads, start_backend) -> Started:
 
 
 class Lifecycle:
-    """What every one of them has: the stop request, rank 0's writer, the vote, the write, the requeue."""
+    """What every one of them has: the stop request, the position, rank 0's writer and the
+    interval, the vote, the write, the requeue."""
 
     def __init__(self, backend, cfg, job_id: str | None, watchdog=None):
         self.backend, self.cfg, self.job_id = backend, cfg, job_id
         self.rank, self.local_rank, self.world_size = backend.rank, backend.local_rank, backend.world_size
         self.is_rank0 = self.rank == 0
         self.stop = StopRequest()  # from now on SIGUSR1/SIGTERM are remembered for the next vote
-        self.stopped_by: str | None = None  # the signal the vote agreed on
         self.position = ckpt.Position()
-        self.batches_in_epoch = self.batching = self.resumed_batching = None  # batching: [ranks, batch size]
         self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # checkpoint_every=
-        self.saving_to = None  # (directory, model, optimizer) of resume(): where interval checkpoints go
         self.writer = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes (interval ones in the background)
         self.watchdog = None
         if watchdog is not None:
@@ -91,11 +89,16 @@ class Lifecycle:
         interval = interval or self.checkpoint_interval
         mine = Votes.mine(self.stop.signal_name, interval.vote(), self.writer.state())
         votes = Votes.from_array(self.backend.allreduce_sum(np.array(mine.to_array(), dtype=np.float64), "stop_vote"))
-        if votes.write_failed:
-            raise UsageError(self.backend.broadcast_object(self.writer.error(), "checkpoint_write_error"))
-        if not votes.writing:
-            self.writer.say_written()
+        self.heard_from_writer(votes.writing, votes.write_failed)
         return votes
+
+    def heard_from_writer(self, writing: float, write_failed: float) -> None:
+        """Every rank, after a reduction that carried rank 0's writer state (Writer.state()): a
+        background write that failed ends every rank here with rank 0's line; one that ended is said."""
+        if write_failed:
+            raise UsageError(self.backend.broadcast_object(self.writer.error(), "checkpoint_write_error"))
+        if not writing:
+            self.writer.say_written()
 
     def write(self, checkpoint_dir: str, capture, keep: int, background: bool = False) -> None:
         """Every rank: rank 0 writes what capture() returns, atomically; every rank learns how it went
@@ -119,6 +122,12 @@ class LoopLifecycle(Lifecycle):
     its Guard callback instead."""
     start_call = "start"  # the call whose checkpoint_every= asks for interval checkpoints
     handle = "run"        # what the user's code calls this object (its error lines name run.resume())
+
+    def __init__(self, backend, cfg, job_id: str | None, watchdog=None):
+        super().__init__(backend, cfg, job_id, watchdog)
+        self.stopped_by: str | None = None  # the signal the vote agreed on
+        self.batches_in_epoch = self.batching = self.resumed_batching = None  # batching: [ranks, batch size]
+        self.saving_to = None  # (directory, model, optimizer) of resume(): where interval checkpoints go
 
     # ------------------------------------------------------------------ the steps
     def step_done(self) -> None:

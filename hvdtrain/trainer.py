@@ -282,11 +282,8 @@ class EpochTrainer(Lifecycle, abc.ABC):
         ended, and how? A failure (disk full, a read-only file system) ends every rank with rank 0's line
         at the next step, not at the next checkpoint; a small reduction, only while a write runs."""
         busy, failed = self.backend.allreduce_sum(np.array(self.writer.state(), dtype=np.float64), "checkpoint_write")
-        if failed:
-            raise UsageError(self.backend.broadcast_object(self.writer.error(), "checkpoint_write_error"))
-        if not busy:
-            self.writing = False
-            self.writer.say_written()
+        self.heard_from_writer(busy, failed)
+        self.writing = busy > 0
 
     def epoch_steps_done(self) -> tuple[dict, str | None]:
         """The epoch's steps are over, all or stopped: every rank stops the clock together.
