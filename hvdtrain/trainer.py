@@ -344,59 +344,32 @@ class EpochTrainer(Lifecycle, abc.ABC):
             self.reporter.info(f"no validation pass ({why}; --validation on runs it)")
 
     def _restore_on_rank0(self) -> tuple[str | None, object]:
-        """Rank 0 loads the newest checkpoint of cfg.checkpoint_dir with _load_checkpoint; one that
-        fails to load is moved aside, with a line, for the next older one that loads. Every rank
-        learns the outcome and the position, and all fail together with the reason: an error on
-        rank 0 alone would leave the others waiting in their next collective. A checkpoint of
+        """The newest checkpoint of cfg.checkpoint_dir that loads (checkpoint.resume_on_rank0: the
+        one resume policy, damaged ones moved aside), through _load_checkpoint. A checkpoint of
         another global batch is refused unless --allow-resize, which recomputes the position
         (self.resized says how). Returns (the checkpoint's path or None, the state the load
         returned, on rank 0 only: what the framework restores after wrapping)."""
-        status = {"error": None, "path": None, "position": None, "resized": None}
-        state = None
-        if self.is_rank0 and self.cfg.checkpoint_dir:
-            damaged = []  # (path, reason) of newer checkpoints that did not load
-            # Newest first; a damaged one (a crash, a full disk, a bad copy) gives way to the one
-            # before it, or a requeued job would fail at every requeue until a person came.
-            for path in reversed(ckpt.list_checkpoints(self.cfg.checkpoint_dir)):
-                try:
-                    saved_config, position, state = self._load_checkpoint(path)
-                except UsageError as err:  # readable, but not for this run: no older one is either
-                    status["error"] = str(err)
-                    break
-                except Exception as err:  # noqa: BLE001 - any failure to read is reported by path
-                    damaged.append((path, f"{type(err).__name__}: {err}"))
-                    continue
-                try:
-                    changes = ckpt.resize_changes(saved_config, self.cfg)
-                    if changes and not self.cfg.allow_resize:
-                        raise ckpt.refuse_resize(path, changes)
-                    if changes:
-                        position, status["resized"] = ckpt.rescale_position(position, saved_config, self.cfg,
-                                                                             self.plan.steps_per_epoch,
-                                                                             self.plan.train_size)
-                    status.update(path=path, position=position)
-                except UsageError as err:
-                    status["error"] = str(err)
-                break
-            if damaged and status["path"]:
-                for path, reason in damaged:
-                    try:
-                        moved = f"moved to {ckpt.move_aside(path)}"
-                    except OSError as err:  # a read-only directory: resume all the same
-                        moved = f"left in place ({err.strerror or err})"
-                    self.reporter.info(f"checkpoint {path} is unreadable or corrupt ({reason}): {moved}; "
-                                       f"resuming from {status['path']}")
-            elif damaged and not status["error"]:
-                path, reason = damaged[0]
-                others = f"; so are the {len(damaged) - 1} older ones" if len(damaged) > 1 else ""
-                status["error"] = f"checkpoint {path} is unreadable or corrupt ({reason}){others}"
-        status = self.backend.broadcast_object(status, "restore_status")
-        if status["error"]:
-            raise UsageError(status["error"])
-        if status["position"] is not None:
+        loaded = {}  # rank 0: the state of the checkpoint that loads
+
+        def load(path: str) -> dict:
+            saved_config, position, loaded["state"] = self._load_checkpoint(path)
+            resized = None
+            changes = ckpt.resize_changes(saved_config, self.cfg)
+            if changes and not self.cfg.allow_resize:
+                raise ckpt.refuse_resize(path, changes)
+            if changes:
+                position, resized = ckpt.rescale_position(position, saved_config, self.cfg,
+                                                          self.plan.steps_per_epoch, self.plan.train_size)
+            return {"path": path, "position": position, "resized": resized}
+
+        if not self.cfg.checkpoint_dir:
+            return None, None
+        status = ckpt.resume_on_rank0(self.backend, self.is_rank0, self.cfg.checkpoint_dir, load,
+                                      self.reporter.info, "restore_status")
+        if status.get("position") is not None:
             self.position = status["position"]
-        self.resized = status["resized"]
-        return status["path"], state
+        self.resized = status.get("resized")
+        return status.get("path"), loaded.get("state")
 
     def _check_outputs(self) -> None:
         """Before the first step, not after an epoch of work: rank 0 finds out whether every output

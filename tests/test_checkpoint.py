@@ -1,5 +1,6 @@
 """Checkpoint naming, atomic writes, pruning and compatibility (fast tier: no ranks)."""
 import os
+import socket
 
 import pytest
 
@@ -119,3 +120,48 @@ def test_a_resized_run_keeps_its_own_checkpoints_newest(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([mid_new, new[1], new[2]])
     assert ckpt.latest_checkpoint(str(tmp_path)).endswith(new[2])
     assert ckpt.order_key("ckpt-e0003-s00000129.npz") == (3, 0, 129) and ckpt.order_key("ckpt-latest.pt") is None
+
+
+class _OneRank:
+    """One rank's collectives: what rank 0 broadcasts is what it has (the policy is rank 0's)."""
+    @staticmethod
+    def broadcast_object(value, name):
+        return value
+
+
+def test_the_resume_policy_moves_damaged_checkpoints_aside_and_stops_at_a_misfit(tmp_path):
+    """The one resume policy of every entry point: the newest checkpoint that loads wins, the
+    damaged ones newer than it are moved aside with a line each; one that reads but does not fit
+    ends the walk; none that loads is an error naming the newest, not a silent fresh start."""
+    names = [ckpt.checkpoint_name(step, 0, "pt") for step in (1, 2, 3)]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    (tmp_path / f"{ckpt.TMP_PREFIX}{socket.gethostname()}-999999999-x").write_bytes(b"half")  # a crash's
+    contents = {names[0]: "good", names[1]: "damaged", names[2]: "damaged"}
+    said = []
+
+    def load(path):
+        if contents[os.path.basename(path)] == "damaged":
+            raise EOFError("truncated")
+        if contents[os.path.basename(path)] == "misfit":
+            raise UsageError(f"checkpoint {path} does not fit")
+        return {"path": path, "position": 1}
+
+    status = ckpt.resume_on_rank0(_OneRank, True, str(tmp_path), load, said.append, "t")
+    assert status == {"path": str(tmp_path / names[0]), "position": 1}
+    assert sorted(os.listdir(tmp_path)) == [names[0], names[1] + ".damaged", names[2] + ".damaged"]
+    assert f"checkpoint {tmp_path / names[2]} is unreadable or corrupt (EOFError: truncated): moved to " \
+           f"{tmp_path / names[2]}.damaged; resuming from {tmp_path / names[0]}" in said
+    assert any("left by an interrupted checkpoint write" in line for line in said)
+
+    contents[names[0]] = "misfit"
+    (tmp_path / names[1]).write_bytes(b"x")
+    contents[names[1]] = "damaged"
+    with pytest.raises(UsageError, match="does not fit"):  # the misfit ends the walk, nothing moved
+        ckpt.resume_on_rank0(_OneRank, True, str(tmp_path), load, said.append, "t")
+    assert (tmp_path / names[1]).exists()
+    contents[names[0]] = "damaged"
+    with pytest.raises(UsageError, match=rf"checkpoint {tmp_path / names[1]} is unreadable or corrupt "
+                                         r"\(EOFError: truncated\); so are the 1 older ones"):
+        ckpt.resume_on_rank0(_OneRank, True, str(tmp_path), load, said.append, "t")
+    assert ckpt.resume_on_rank0(_OneRank, True, str(tmp_path / "empty"), load, said.append, "t") == {}

@@ -261,5 +261,6 @@ def test_bad_input_is_one_line(new_run, tmp_path):
     (tmp_path / "ckpt-e0002-s00000020.pt").write_bytes(b"not a checkpoint")  # newer, unreadable
     third = new_run()
     assert third.resume(str(tmp_path), *model_and_optimizer(third)) == 1  # the one before it
+    assert (tmp_path / "ckpt-e0002-s00000020.pt.damaged").exists()  # moved aside, as the trainer does
     with pytest.raises(SystemExit, match="batch-size must be >= 1"):
         third.loader(DATA, 0, 0)

@@ -261,9 +261,9 @@ class Job(Lifecycle):
         together, or none): {} for none, else its path and position."""
         if not checkpoint_dir:
             return {}
-        return ckpt.resume_on_rank0(self.backend, self.is_rank0, checkpoint_dir, npz_checkpoint.read,
-                                    lambda path, found: self._take(path, found, model, optimizer), self.log,
-                                    "keras_resume")
+        return ckpt.resume_on_rank0(self.backend, self.is_rank0, checkpoint_dir,
+                                    lambda path: self._take(path, npz_checkpoint.read(path), model, optimizer),
+                                    self.log, "keras_resume")
 
     def _checkpointed(self, model, optimizer) -> dict:
         """The variables a checkpoint holds, by prefix, in order."""

@@ -156,9 +156,9 @@ class Run(LoopLifecycle):
             raise UsageError("run.resume() takes the optimizer run.prepare() returned (Horovod's starts empty)")
         self.saving_to = (checkpoint_dir, model, optimizer)  # where interval checkpoints go
         self.watchdog.beat(where="resuming")
-        status = ckpt.resume_on_rank0(self.backend, self.is_rank0, checkpoint_dir, self._read,
-                                      lambda path, state: self._take(path, state, model, optimizer), self.log,
-                                      "loop_resume")
+        status = ckpt.resume_on_rank0(self.backend, self.is_rank0, checkpoint_dir,
+                                      lambda path: self._take(path, self._read(path), model, optimizer),
+                                      self.log, "loop_resume")
         if status:
             self.resumed_at(status)
             self.backend.broadcast_state(model, optimizer, optimizer_state=True)
