@@ -16,9 +16,10 @@ TensorFlow computes the second in its own ops, with no call into Python per imag
   square roots, rounding half to even, comparisons, floors) IEEE 754 gives alike in numpy, Python
   and TensorFlow: the same windows to the pixel (hvdtrain/tf/data.py's `_window_from_draws`).
 
-Validation: the shorter side resized to size x 256/224, the centre size x size taken (the
-ImageNet convention) - in the original image, the centre square of side 224/256 of the shorter
-side, which is what a decoder that crops first (TensorFlow's decode_and_crop_jpeg) takes.
+Validation: `val_window`, the centre square of side 224/256 of the shorter side, in the original
+image, resized to size x size: the ImageNet convention (the shorter side resized to size x
+256/224, the centre size x size taken) as a window, so every decoder crops first (DALI's
+image_slice, TensorFlow's decode_and_crop_jpeg) and all take the same pixels as torch.
 """
 from __future__ import annotations
 
@@ -110,3 +111,9 @@ def val_window(height: int, width: int, size: int) -> Window:
     """Validation's centre crop, in the original image's pixels (see the module's docstring)."""
     side = max(1, min(height, width, int(round(size * min(height, width) / int(size * VAL_RESIZE)))))
     return Window((height - side) // 2, (width - side) // 2, side, side)
+
+
+def relative(window: Window, height: int, width: int) -> np.ndarray:
+    """(top, left, height, width) as fractions of the image's, float32: what DALI's image_slice takes."""
+    return np.array((window.top / height, window.left / width, window.height / height, window.width / width),
+                    np.float32)

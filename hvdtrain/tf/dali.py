@@ -43,17 +43,17 @@ def require():
     return fn, pipeline_def, types, dali_tf
 
 
-def pack(data, label, window=None, flip=None):
+def pack(data, label, window, flip):
     """One sample as DALI's input: HEADER then the file's bytes (data, a tf.string). window:
-    (top, left, height, width) relative to the image's size (training), flip 0 or 1."""
-    window = tf.zeros([4], tf.float32) if window is None else tf.cast(window, tf.float32)
-    flip = tf.constant(0, tf.int32) if flip is None else flip
+    (top, left, height, width) relative to the image's size (a training crop or validation's
+    centre), flip 0 or 1."""
+    window = tf.cast(window, tf.float32)
     return tf.concat([tf.reshape(tf.bitcast(window, tf.uint8), [16]),
                       tf.reshape(tf.bitcast(tf.cast(label, tf.int64), tf.uint8), [8]),
                       tf.reshape(tf.cast(flip, tf.uint8), [1]), tf.io.decode_raw(data, tf.uint8)], 0)
 
 
-def batches(samples: tf.data.Dataset, pack, *, train: bool, count: int, batch_size: int, drop_remainder: bool,
+def batches(samples: tf.data.Dataset, pack, *, count: int, batch_size: int, drop_remainder: bool,
             image_size: int, threads: int) -> tf.data.Dataset:
     """(images NHWC float32 normalised, labels int64) batches of the `count` samples that `samples`
     gives (i, or (i, draws) for training), in that order, decoded by DALI. pack(part): part's
@@ -65,7 +65,7 @@ def batches(samples: tf.data.Dataset, pack, *, train: bool, count: int, batch_si
         parts.append((samples.skip(full), count - full))
     out = None
     for part, size in parts:
-        ds = _dali_dataset(pack(part), train, size, image_size, threads)
+        ds = _dali_dataset(pack(part), size, image_size, threads)
         out = ds if out is None else out.concatenate(ds)
     if out is None:  # no sample: an empty dataset of the same structure
         empty = (tf.zeros([0, image_size, image_size, 3]), tf.zeros([0], tf.int64))
@@ -73,7 +73,7 @@ def batches(samples: tf.data.Dataset, pack, *, train: bool, count: int, batch_si
     return out
 
 
-def _dali_dataset(packed: tf.data.Dataset, train: bool, batch_size: int, size: int, threads: int) -> tf.data.Dataset:
+def _dali_dataset(packed: tf.data.Dataset, batch_size: int, size: int, threads: int) -> tf.data.Dataset:
     fn, pipeline_def, types, dali_tf = require()
     gpu = bool(tf.config.list_logical_devices("GPU"))  # the rank's one GPU (hvdtrain.tf.devices.pin_gpu)
 
@@ -84,8 +84,8 @@ def _dali_dataset(packed: tf.data.Dataset, train: bool, batch_size: int, size: i
         label = fn.reinterpret(fn.slice(sample, 16, 8, axes=[0]), dtype=types.INT64, shape=[])
         mirror = fn.reshape(fn.cast(fn.slice(sample, 24, 1, axes=[0]), dtype=types.INT32), shape=[])
         files = fn.slice(sample, HEADER, 1 << 30, axes=[0], out_of_bounds_policy="trim_to_shape")
-        images = dali_graph.images(fn, types, train=train, size=size, gpu=gpu, layout="HWC", files=files,
-                                   window=window if train else None, mirror=mirror if train else None)
+        images = dali_graph.images(fn, types, size=size, gpu=gpu, layout="HWC", files=files, window=window,
+                                   mirror=mirror)
         return images, (label.gpu() if gpu else label)
 
     device = "/gpu:0" if gpu else "/cpu:0"

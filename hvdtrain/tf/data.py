@@ -197,7 +197,7 @@ class TFData:
         if self.per_sample and self.loader == "dali":
             def pack(part):  # a part's samples read, windowed and packed for DALI, here
                 return self.decoded(part, split, packed=True).with_options(self.options())
-            return dali.batches(ds, pack, train=split == "train", count=count, batch_size=batch_size,
+            return dali.batches(ds, pack, count=count, batch_size=batch_size,
                                 drop_remainder=drop_remainder, image_size=self.image_size, threads=self.threads)
         if self.per_sample:  # image files
             ds = self.decoded(ds, split).batch(batch_size, drop_remainder=drop_remainder)
@@ -427,10 +427,8 @@ def _image_loader(read_bytes, labels, size: int, train: bool, uint8: bool = Fals
     def packed(i, draws=None, data=None):  # for DALI (hvdtrain/tf/dali.py): bytes, label, window, flip
         if data is None:
             data = read_bytes(i)
-        if not train:
-            return dali.pack(data, labels_t[i])
         shape = _encoded_shape(data)
-        win = _window_from_draws(draws, shape[0], shape[1])
+        win = window(shape, draws)
         # Relative to the image's size, rounded to float32 as the torch side's (hvdtrain/torch/dali.py).
         whole = tf.cast(tf.stack([shape[0], shape[1], shape[0], shape[1]]), tf.float64)
         return dali.pack(data, labels_t[i], tf.cast(win[:4], tf.float64) / whole, win[4])

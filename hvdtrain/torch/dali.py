@@ -59,7 +59,7 @@ class EncodedImages:
 
 
 # ---------------------------------------------------------------------------------------- the pipelines
-def _pipeline(train: bool, size: int, batch_size: int, threads: int, device: torch.device):
+def _pipeline(size: int, batch_size: int, threads: int, device: torch.device):
     fn, pipeline_def, types = require()
     gpu = device.type == "cuda"
 
@@ -68,25 +68,23 @@ def _pipeline(train: bool, size: int, batch_size: int, threads: int, device: tor
                   prefetch_queue_depth=1, seed=0)
     def graph():
         files = fn.external_source(name="files", dtype=types.UINT8)
-        window = mirror = None
-        if train:
-            window = fn.external_source(name="window", dtype=types.FLOAT)  # (top, left, height, width)
-            mirror = fn.external_source(name="mirror", dtype=types.INT32)
-        return dali_graph.images(fn, types, train=train, size=size, gpu=gpu, layout="CHW", files=files,
-                                 window=window, mirror=mirror)
+        window = fn.external_source(name="window", dtype=types.FLOAT)  # (top, left, height, width)
+        mirror = fn.external_source(name="mirror", dtype=types.INT32)
+        return dali_graph.images(fn, types, size=size, gpu=gpu, layout="CHW", files=files, window=window,
+                                 mirror=mirror)
 
     pipe = graph()
     pipe.build()
     return pipe
 
 
-_PIPELINES: dict = {}  # built once per shape and device: an epoch's loader reuses the last one
+_PIPELINES: dict = {}  # built once per split, shape and device: an epoch's loader reuses the last one
 
 
 def pipeline(train: bool, size: int, batch_size: int, threads: int, device: torch.device):
     key = (train, size, batch_size, threads, str(device))
     if key not in _PIPELINES:
-        _PIPELINES[key] = _pipeline(*key[:4], device)
+        _PIPELINES[key] = _pipeline(size, batch_size, threads, device)
     return _PIPELINES[key]
 
 
@@ -96,7 +94,7 @@ class DaliLoader:
     normalised; y int64. Iterated from one thread at a time (the feeder's)."""
 
     def __init__(self, dataset, batches: list[list[int]], plan, epoch: int):
-        self.train = plan.split == "train"
+        self.train, self.size = plan.split == "train", plan.image_size
         self.source, self.batches, self.epoch = EncodedImages(dataset), batches, epoch
         self.device = torch.device(plan.device)
         longest = max((len(b) for b in batches), default=1)
@@ -115,15 +113,15 @@ class DaliLoader:
         for i, (data, label) in zip(batch, parallel_reads.read_many(self.source.read, batch)):
             files.append(np.frombuffer(data, dtype=np.uint8))
             labels.append(label)
-            if self.train:  # hvdtrain's rule (hvdtrain/data/augment.py), relative to the image's size
-                height, width = images.image_shape(data, self.source.where(i))
-                top, left, h, w, flip = augment.train_window(self.source.seed, self.epoch, i, height, width)
-                windows.append(np.array((top / height, left / width, h / height, w / width), np.float32))
-                mirrors.append(np.array(int(flip), np.int32))
+            # hvdtrain's rule (hvdtrain/data/augment.py), relative to the image's size
+            height, width = images.image_shape(data, self.source.where(i))
+            window = (augment.train_window(self.source.seed, self.epoch, i, height, width) if self.train
+                      else augment.val_window(height, width, self.size))
+            windows.append(augment.relative(window, height, width))
+            mirrors.append(np.array(int(window.flip), np.int32))
         self.pipe.feed_input("files", files)
-        if self.train:
-            self.pipe.feed_input("window", windows)
-            self.pipe.feed_input("mirror", mirrors)
+        self.pipe.feed_input("window", windows)
+        self.pipe.feed_input("mirror", mirrors)
         try:
             (out,) = self.pipe.run()
         except RuntimeError as err:  # DALI names no sample: find the bad one by decoding alone

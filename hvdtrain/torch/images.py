@@ -6,8 +6,8 @@ The stages, each swappable and measured alone (benchmarks/data_pipeline.py):
   tensor, with no PIL image object in between; measured per core against PIL in docs/data.md.
 - augment: `train_augment` (TrainCrop: the window and flip of hvdtrain/data/augment.py's one rule, a
   function of the crop key (seed, epoch, sample) it is given, then torchvision's resized crop on
-  the uint8 tensor) and `val_augment` (resize, centre crop): a resume augments as an
-  uninterrupted run.
+  the uint8 tensor) and `val_augment` (ValCrop: augment.val_window, the centre, resized): a
+  resume augments as an uninterrupted run; DALI and TensorFlow take the same windows.
 - normalise: `to_model_input`, on the device, after the copy (a uint8 batch is a quarter of the
   bytes of a float32 one through the workers' shared memory, the pinned buffer and the bus); or,
   where the CPU trains, in the decode workers (NormalizedBatches).
@@ -54,8 +54,6 @@ def _decoder():
 
 
 DECODER, _decode = _decoder()
-# Validation resizes the shorter side to size x 256/224 (the ImageNet convention), then crops.
-VAL_RESIZE = augment.VAL_RESIZE
 
 
 def decode(data: bytes, where: str) -> torch.Tensor:
@@ -101,10 +99,25 @@ def train_augment(size: int):
     return TrainCrop(size)
 
 
-def val_augment(size: int):
-    from torchvision.transforms import v2
+class ValCrop:
+    """hvdtrain's validation crop (augment.val_window: the ImageNet centre crop as a window of the
+    original image), resized to size x size on a uint8 CHW tensor: DALI's and TensorFlow's pixels."""
 
-    return v2.Compose([v2.Resize(int(size * VAL_RESIZE), antialias=True), v2.CenterCrop(size)])
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as F
+
+        top, left, h, w, _ = augment.val_window(*x.shape[-2:], self.size)
+        return F.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
+
+    def __repr__(self):
+        return f"ValCrop({self.size})"
+
+
+def val_augment(size: int):
+    return ValCrop(size)
 
 
 _CONSTANTS: dict = {}  # (device, normalization) -> (mean x 255, 1 / (std x 255)), made once
