@@ -1,5 +1,5 @@
 """What interval checkpoints cost a training step, written inline or in the background, side by
-side in one run (issue 38): ResNet-50 on the CPU with 32x32 images, whose state (weights and
+side in one run: ResNet-50 on the CPU with 32x32 images, whose state (weights and
 momentum, 205 MB) is large relative to its step, as a big model's is to its GPU step.
 
     python benchmarks/checkpoint_write.py                   # about 4 minutes on 2 cores

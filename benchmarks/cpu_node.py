@@ -1,5 +1,5 @@
 """CPU nodes: hvdtrain's image input against the pipeline of Horovod's ImageNet example, side by
-side in one run, as issue 46 measured it: 2 ranks x 1 decode worker on 2 cores, ImageNet-sized
+side in one run, on the set-up of docs/data.md's CPU-node figures: 2 ranks x 1 decode worker on 2 cores, ImageNet-sized
 JPEGs (500x375) cropped to 224 px, one epoch, a model too small to matter (the input is what is
 measured), from a folder and from shards.
 

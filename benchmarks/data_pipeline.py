@@ -67,7 +67,6 @@ def pipelines(folder: str, shards_dir: str, size: int) -> dict:
     import torch
     from PIL import Image
     from torchvision import transforms as T
-    from torchvision.transforms import v2
 
     from hvdtrain.torch import images
 
@@ -124,8 +123,8 @@ def pipelines(folder: str, shards_dir: str, size: int) -> dict:
     return table
 
 
-def loader_before_issue_48(read_bytes, labels, size: int, train: bool, uint8: bool = False):
-    """hvdtrain/tf/data.py's _image_loader as it was before issue 48 (commit 28df670), its seed
+def loader_decoding_whole_images(read_bytes, labels, size: int, train: bool, uint8: bool = False):
+    """hvdtrain/tf/data.py's _image_loader as it was at commit 28df670, its seed
     made from the sample index: the whole image decoded, converted to float32, resized to a
     1.14 x size square, then a random crop and flip (training) or the centre (validation). For the
     per-core rows here and tf_data_training.py's "before" run."""
@@ -158,7 +157,7 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
     """TensorFlow's per-sample function in a tf.data pipeline as hvdtrain.tf runs it (a map on one
     thread, batches of TF_BATCH): today's (hvdtrain/tf/data.py: only the window decoded,
     hvdtrain/data/augment.py's rule), as floats (a CPU's) and as uint8 (a GPU's, normalised on the
-    device, as torch's rows here are uint8), and the one before issue 48 (the whole image decoded,
+    device, as torch's rows here are uint8), and the one of commit 28df670 (the whole image decoded,
     resized to a 1.14 x size square, cropped)."""
     import tensorflow as tf
 
@@ -169,7 +168,7 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     files = tf.constant(blobs)
     draws = tf.constant(augment.sample_draws(7, 0, range(len(blobs))))
-    before_load = loader_before_issue_48(lambda i: files[i], [0] * len(blobs), size, True)
+    before_load = loader_decoding_whole_images(lambda i: files[i], [0] * len(blobs), size, True)
 
     def before(i):
         return before_load(i)[0]
@@ -189,15 +188,12 @@ def tensorflow_pipelines(blobs: list[bytes], size: int) -> dict:
              "TensorFlow now (decode_and_crop_jpeg of hvdtrain's window), float32 (a CPU's)": batches(now(False)),
              "TensorFlow now, uint8 (a GPU's)": batches(now(True))}
     try:  # TensorFlow's --loader dali: tf.data packs, DALI's CPU mode decodes, one thread each
-        from types import SimpleNamespace
-
         from hvdtrain.tf import dali as tf_dali
 
         tf_dali.require()
         load = tf_data._image_loader(lambda i: files[i], [0] * len(blobs), size, True)
         packed = tf.data.Dataset.range(len(blobs)).repeat().map(lambda i: load.packed(i, draws[i]))
-        dali_batches = iter(tf_dali._dali_dataset(SimpleNamespace(threads=1, image_size=size),
-                                                  packed.with_options(options), True, DALI_BATCH))
+        dali_batches = iter(tf_dali._dali_dataset(packed.with_options(options), DALI_BATCH, size, 1))
         table[f"TensorFlow --loader dali, CPU mode (batches of {DALI_BATCH})"] = (
             lambda i: next(dali_batches), len(blobs), DALI_BATCH)
     except Exception as err:  # noqa: BLE001 - reported, the rest measured

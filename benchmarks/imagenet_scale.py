@@ -18,8 +18,8 @@ Measured:
 3. opens an epoch: measured (the sum over workers), beside the computed figure for the order
    (datasets.shard_blocked_order) and for the design before it (every worker every shard), here
    and at 256 ranks x 15 workers;
-4. the index's memory in a worker, side by side: pickled to it as a loaded copy (before issue
-   46) against mapped (now);
+4. the index's memory in a worker, side by side: pickled to it as a loaded copy (before commit
+   4a20dce) against mapped (now);
 5. the epoch ends with exact validation: every one of the 50,000 validation samples once.
 
 Run 1 trains to sample 640,000 (--steps) and stops, writing its checkpoint; run 2 resumes there,
@@ -249,7 +249,7 @@ def _index_worker(payload, queue):
 
 def index_memory(data: str) -> dict:
     """A worker's private dirty memory after using the index: sent to it as a loaded copy (np.load,
-    before issue 46) or mapped (now); and with nothing (the baseline)."""
+    before commit 4a20dce) or mapped (now); and with nothing (the baseline)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")

@@ -1,5 +1,5 @@
 """TensorFlow training on JPEG shards, its input pipeline alone measured: hvdtrain.tf's per-sample
-function of today against the one before issue 48 (the whole image decoded, resized to a 1.14 x
+function of today against the one of commit 28df670 (the whole image decoded, resized to a 1.14 x
 size square, a random size x size crop and flip), side by side in one run: `python -m hvdtrain.tf`
 itself, 2 ranks x 1 thread, one epoch of ImageNet-sized JPEGs (500x375) at 224 px, a Keras model
 too small to matter (pooled to 8x8, one dense layer).
@@ -9,7 +9,7 @@ too small to matter (pooled to 8x8, one dense layer).
 
 Both runs are the same trainer, shards, order, ranks and threads; the "before" run swaps
 hvdtrain/tf/data.py's `_image_loader` for the earlier function (data_pipeline.py's
-`loader_before_issue_48`, as it was) and reads
+`loader_decoding_whole_images`, as it was) and reads
 each shard member by a call of its own, as it did, before the trainer starts. Each repeat runs both in turn (a noisy spell hits both); medians and their ratio
 are printed.
 """
@@ -44,9 +44,9 @@ def rank_main(pipeline: str, argv: list[str]) -> None:
     if pipeline == "before":
         from hvdtrain.tf import data
 
-        from data_pipeline import loader_before_issue_48
+        from data_pipeline import loader_decoding_whole_images
 
-        data._image_loader = loader_before_issue_48
+        data._image_loader = loader_decoding_whole_images
         build_data = data.build_data
 
         def build_data_before(*args, **kwargs):  # each shard member read by a call of its own, as before

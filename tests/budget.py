@@ -1,4 +1,4 @@
-"""The suite's time budget, kept visible (issue 37): `tests/durations.json` records what each test
+"""The suite's time budget, kept visible: `tests/durations.json` records what each test
 file took in the last full run measured on the reference machine (2 cores, a fresh clone, warm),
 test_budget.py (fast) fails when a test file is missing from it, when the recorded total is over
 the budget, or when a file whose tests are all in the fast tier took long; and every run prints,

@@ -100,10 +100,11 @@ def test_the_per_rank_checksum_covers_batchnorm_statistics():
 
 
 def test_a_resized_run_keeps_its_own_checkpoints_newest(tmp_path):
-    """Issue 46: one rank, 43 steps an epoch, checkpoints at the ends of epochs 1-3 (written before
-    the samples field existed: no -n), then --allow-resize to 2 ranks (21 steps an epoch): its
-    global steps are smaller (84, 105, 126 < 129), and retention deleted them first, so that
-    the next start resumed from epoch 3 again. Epochs first, then samples, then steps."""
+    """A resize: one rank, 43 steps an epoch, checkpoints at the ends of epochs 1-3 (names of the
+    earlier format, without the samples field: no -n), then --allow-resize to 2 ranks (21 steps an
+    epoch): its global steps are smaller (84, 105, 126 < 129), so retention by global step would
+    delete them first and the next start would resume from epoch 3 again. Epochs first, then
+    samples, then steps."""
     old = ["ckpt-e0001-s00000043.pt", "ckpt-e0002-s00000086.pt", "ckpt-e0003-s00000129.pt"]
     # Before the resize, one rank was 30 steps into epoch 4 (an older name, without samples); the
     # resized run resumed from it (960 samples: step 15 of 21) and wrote at 17 and 20 steps of

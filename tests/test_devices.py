@@ -1,4 +1,4 @@
-"""The GPU path decided on the CPU (issue 30): which device a rank trains on, under each way a
+"""The GPU path decided on the CPU: which device a rank trains on, under each way a
 launcher hands out GPUs, and what the backends are told of it. Pure decisions, given the
 environment Slurm (or a site) sets for one task and the GPU count the framework would see.
 
@@ -149,7 +149,7 @@ def test_mwms_reduces_with_nccl_on_gpus():
 
 
 def test_ranks_share_a_gpu_only_when_asked_in_the_test_mode():
-    """HVDTRAIN_SHARE_GPU=1 (issue 47): on a machine with one GPU, several ranks take turns on it,
+    """HVDTRAIN_SHARE_GPU=1: on a machine with one GPU, several ranks take turns on it,
     which is how the multi-rank GPU paths run at all there; without it, the refusal above."""
     from hvdtrain.cluster.env import SHARE_GPU_VARIABLE, shares_gpu
 

@@ -1,6 +1,6 @@
 """The options of the GPU job scripts (slurm/*gpu*.sbatch: channels-last and AMP on) run on the CPU
 under every torch backend, with a checkpoint and a resume: a branch that runs only on a GPU is a
-branch no test runs (issue: the GPU path). What only a GPU has (NCCL, CUDA events, pinned memory,
+branch no test runs. What only a GPU has (NCCL, CUDA events, pinned memory,
 cuDNN/TF32 switches) is listed in docs/gpu.md."""
 import glob
 import json

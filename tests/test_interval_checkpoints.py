@@ -35,7 +35,7 @@ def test_rank0_killed_mid_epoch_while_writing_resumes_at_the_last_interval_with_
     newest_path = latest_checkpoint(str(part))
     newest = step_of(newest_path)
     assert 25 <= newest < 42 and newest % 5 == 0, newest  # not the epoch's start (step 21)
-    # Its name holds the samples seen of epoch 2 (2 ranks x batch: issue 46's order after a resize).
+    # Its name holds the samples seen of epoch 2 (2 ranks x batch: the order after a resize).
     assert os.path.basename(newest_path) == f"ckpt-e0001-s{newest:08d}-n{(newest - 21) * 2 * BATCH:012d}.pt"
 
     result = tmp_path / "rest.json"

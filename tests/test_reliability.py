@@ -296,9 +296,9 @@ def test_resume_with_another_world_size_is_refused_then_done_right(tmp_path):
 
     lrs = [e.value for e in EventAccumulator(str(tb)).Reload().Scalars("train/lr")]
     assert lrs and all(lr == pytest.approx(0.005) for lr in lrs), lrs  # what the optimizer stepped with
-    # Then to more ranks (issue 46): 2 ranks count 21 steps an epoch, so epoch 2 ends at global step
-    # 42, below the one-rank checkpoint's 43. Retention kept that older one instead, and every
-    # later start resumed from it: the newest is the resized run's own.
+    # Then to more ranks: 2 ranks count 21 steps an epoch, so epoch 2 ends at global step 42, below
+    # the one-rank checkpoint's 43. Retention by global step would keep that older one instead, and
+    # every later start would resume from it: the newest is the resized run's own.
     assert os.path.basename(latest_checkpoint(ckpt_dir)) == "ckpt-e0001-s00000043.pt"
     launch("mpirun", 2, TORCH + common + ["--allow-resize", "--epochs", "2", "--keep-checkpoints", "1"], timeout=180)
     kept = sorted(name for name in os.listdir(ckpt_dir) if not name.endswith(".sig"))  # signatures beside

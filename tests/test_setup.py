@@ -299,7 +299,7 @@ def test_pypi_gpu_build_without_mpi_or_cuda_toolkit(cluster_user, cluster_root):
     check_build_marks(out, ("PyTorch", "MPI", "Gloo", "NCCL"))
     # The CUDA kernels were compiled for torch's own architectures: the build log (kept in the cache
     # with the wheel) holds Horovod's nvcc flags with one -gencode per compute capability of the
-    # list the plan gave, the highest also as PTX -- not an empty flag line (issue 30).
+    # list the plan gave, the highest also as PTX -- not an empty flag line.
     with open(f"{cache.path}/logs/horovod-build.log") as f:
         log = f.read()
     cc_list = re.search(r"^HOROVOD_BUILD_CUDA_CC_LIST=([0-9,]+)$", log, re.M).group(1).split(",")

@@ -197,7 +197,7 @@ def test_shards_given_as_an_image_folder_say_which_option_reads_them(folder, tmp
         check_imagefolder(written)
 
 
-# ---------------------------------------------------------------------------------------- ImageNet's scale (issue 46)
+# ---------------------------------------------------------------------------------------- ImageNet's scale
 def test_each_rank_reads_a_few_shards_an_epoch_each_sample_once_and_as_many_as_every_other_rank():
     import numpy as np
 

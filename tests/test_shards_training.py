@@ -32,7 +32,7 @@ def train(tmp_path, data_dir, name, *extra, check=True):
 def test_a_resume_from_shards_mid_epoch_ends_with_the_uninterrupted_weights(shard_dir, tmp_path):
     whole = train(tmp_path, shard_dir, "whole", "--checkpoint-dir", str(tmp_path / "whole"))
     assert whole["config"]["dataset"] == "shards" and whole["config"]["num_workers"] == 1
-    # A CPU, a core per rank: its worker normalises, no feeder thread competes for the core (issue 46).
+    # A CPU, a core per rank: its worker normalises, no feeder thread competes for the core.
     assert whole["images_normalised_in"] == "decode workers" and whole["feeder_thread"] is False
     assert whole["history"][-1]["val_count"] == VAL
     assert len({r["param_checksum"] for r in whole["ranks"]}) == 1, whole["ranks"]
@@ -57,7 +57,7 @@ def test_a_damaged_member_ends_every_rank_with_one_line(shard_dir, tmp_path):
 
 
 def test_more_shards_than_open_files_train_an_epoch_with_several_workers(tmp_path):
-    """Issue 46's reduced case: 320 training shards, a hard open-file limit of 400 (nothing to
+    """benchmarks/imagenet_scale.py's case, reduced: 320 training shards, a hard open-file limit of 400 (nothing to
     raise the soft one to: 144 shards kept open per process), one rank reading them all with 3
     decode workers: the epoch trains, validates every sample and ends."""
     from hvdtrain.data.datasets import write_digits_imagefolder

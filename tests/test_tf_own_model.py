@@ -1,6 +1,6 @@
 """A user's own Keras model (and loss) on image files from TensorFlow's command line: `python -m
 hvdtrain.tf --model FILE.py:FUNCTION --loss FILE.py:FUNCTION` on shards under mpirun -np 2, and its
-mistakes in one line (issue 48)."""
+mistakes in one line."""
 from __future__ import annotations
 
 import json

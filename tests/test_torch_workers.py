@@ -224,8 +224,8 @@ def alive(pid: int) -> bool:
 
 
 def test_rank_pids_takes_the_rank_never_a_child_with_its_command_line(tmp_path):
-    """The tests' rank_pids (issue: a watchdog test froze a DataLoader worker instead of its
-    rank): a rank, and a child it started with the same command line and environment, are both
+    """The tests' rank_pids (a watchdog test freezes a rank, never a DataLoader worker in its
+    place): a rank, and a child it started with the same command line and environment, are both
     matched by command line and rank; only the one whose parent is not matched is the rank."""
     from conftest import rank_pids
 

@@ -74,7 +74,7 @@ class Workload:
 
 
 WORKLOADS = {w.name: w for w in [
-    # Throughput: ImageNet-shaped ResNets on random images (issue figures: ResNet-18, batch 16, 224).
+    # Throughput: ImageNet-shaped ResNets on random images (the reference figures: ResNet-18, batch 16, 224).
     Workload("resnet50-synthetic", "resnet50", "synthetic", batch_size=8, optimizer="sgd", base_lr=0.01,
              steps=10, image_size=224, synthetic_size=512),
     Workload("resnet18-synthetic", "resnet18", "synthetic", batch_size=16, optimizer="sgd", base_lr=0.01,
