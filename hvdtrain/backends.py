@@ -83,6 +83,13 @@ BACKENDS: tuple[Backend, ...] = (
                         "loss scale, or averaging)"),
                 # Adasum keeps a copy of each parameter and reduces the deltas in place: Horovod's
                 # ops take contiguous tensors only (hvdtrain/torch/horovod_layout.py).
+                # Untested with a compiled model: refused rather than run unchecked.
+                Refusal(lambda cfg: cfg.compile != "off" and cfg.use_adasum,
+                        "--compile with --use-adasum is not supported (untested: Horovod's Adasum optimizer steps "
+                        "inside backward): use --compile off, or averaging"),
+                Refusal(lambda cfg: cfg.compile != "off" and cfg.fp16_allreduce,
+                        "--compile with --fp16-allreduce is not supported (untested): use --compile off, or "
+                        "full-precision allreduces"),
                 Refusal(lambda cfg: cfg.use_adasum and cfg.channels_last == "on",
                         "--channels-last on with --use-adasum is not supported (Horovod's Adasum optimizer reduces "
                         "the parameters' own layout, which must be contiguous): use --channels-last off"))),

@@ -97,6 +97,15 @@ class TrainConfig:
                                     "--no-build-isolation nvidia-dali-tf-plugin-cuda130)", per_rank=False,
                       resume=FREE, frameworks=("torch", "tf"), backends=("horovod", "ddp", "mwms"),
                       choices=("torch", "dali"))
+    compile: str = opt("off", help="torch.compile: regions (each top-level child of the model compiled alone, a "
+                                   "ResNet's stages: Horovod's allreduces start region by region during the "
+                                   "backward) or model (the whole model: DDP's compiled path; under Horovod every "
+                                   "allreduce waits for the whole backward); checkpoints keep the eager keys",
+                       per_rank=False, resume=FREE, frameworks=("torch",), backends=("horovod", "ddp"),
+                       choices=("off", "model", "regions"))
+    compile_backend: str = opt("inductor", help="torch.compile's backend (aot_eager: no code generated, a quick "
+                                                "check)", per_rank=False, resume=FREE, frameworks=("torch",),
+                               choices=("inductor", "aot_eager", "eager"))
     feeder: str = opt("on", help="read and copy the next batches to the device on a thread while the step runs "
                                  "(off: in series with the step, to measure what it saves)", per_rank=False,
                       resume=FREE, frameworks=("torch",), choices=("on", "off"))
@@ -108,9 +117,10 @@ class TrainConfig:
                                                   "every interval of time ('30m', '90s', '2h'; rank 0's clock, agreed "
                                                   "by every rank at a log interval): a crash without a signal then "
                                                   "costs that much", per_rank=False, resume=FREE)
-    checkpoint_write: str = opt("background", help="write --checkpoint-every's checkpoints on a thread while the next "
-                                                   "steps run, the state copied to host memory first (inline: between "
-                                                   "two steps, the GPU waiting; epoch ends and stops are always inline)",
+    checkpoint_write: str = opt("background", help="write --checkpoint-every's checkpoints while the next steps run, "
+                                                   "the state staged to host memory first (torch: a writer process; "
+                                                   "TensorFlow: a thread) (inline: between two steps, the GPU waiting; "
+                                                   "epoch ends and stops are always inline)",
                                 per_rank=False, resume=FREE, choices=("background", "inline"))
     resume: bool = opt(False, help="resume from the newest checkpoint (also automatic when --checkpoint-dir holds "
                                    "one)", per_rank=False, resume=FREE)
@@ -248,7 +258,7 @@ OPTION_GROUPS = {
     "checkpoints and resume": ("checkpoint_dir", "checkpoint_every", "checkpoint_write", "resume", "keep_checkpoints", "allow_resize", "trust_checkpoints"),
     "reliability": ("watchdog_seconds", "divergence_factor"),
     "output": ("log_dir", "log_interval", "result_json", "warmup_steps"),
-    "performance tuning": ("amp", "channels_last", "loader", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",
+    "performance tuning": ("amp", "channels_last", "compile", "compile_backend", "loader", "feeder", "threads_per_rank", "fp16_allreduce", "use_adasum",
                            "horovod_tuning", "cycle_time_ms", "mpi_yield"),
     "backend": ("backend",),
 }

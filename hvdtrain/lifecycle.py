@@ -64,6 +64,10 @@ class Lifecycle:
     """What every one of them has: the stop request, the position, rank 0's writer and the
     interval, the vote, the write, the requeue."""
 
+    # What runs rank 0's background writes (checkpoint.Writer's default: a thread); a framework's
+    # own (torch: a writer process, hvdtrain/torch/checkpoint_writer.py).
+    background_writes = None
+
     def __init__(self, backend, cfg, job_id: str | None, watchdog=None):
         self.backend, self.cfg, self.job_id = backend, cfg, job_id
         self.rank, self.local_rank, self.world_size = backend.rank, backend.local_rank, backend.world_size
@@ -71,7 +75,8 @@ class Lifecycle:
         self.stop = StopRequest()  # from now on SIGUSR1/SIGTERM are remembered for the next vote
         self.position = ckpt.Position()
         self.checkpoint_interval = ckpt.Interval(cfg.checkpoint_interval, self.is_rank0)  # checkpoint_every=
-        self.writer = ckpt.Writer(say=self.log)  # rank 0's checkpoint writes (interval ones in the background)
+        # Rank 0's checkpoint writes (interval ones in the background).
+        self.writer = ckpt.Writer(say=self.log, background=self.background_writes() if self.background_writes else None)
         self.watchdog = None
         if watchdog is not None:
             self.watch(watchdog)
@@ -168,9 +173,9 @@ class LoopLifecycle(Lifecycle):
     def checkpoint(self, checkpoint_dir: str, average, capture, keep: int, background: bool = False) -> None:
         """Every rank: `average()` (BatchNorm statistics: every rank's, not rank 0's), then rank 0
         writes capture(at), at the position a resume starts from (the next epoch, or this one's
-        unstepped batches after a stop or a break); the newest `keep` kept. background: on rank 0's
-        writer thread while the next steps run (capture copies the state to host memory first);
-        the next vote says its failure on every rank."""
+        unstepped batches after a stop or a break); the newest `keep` kept. background: while the
+        next steps run (the state staged to host memory first; torch: written by a writer process,
+        TensorFlow: on a thread); the next vote says its failure on every rank."""
         self.watchdog.beat(where=AT_CHECKPOINT)
         average()
         done = self.batches_in_epoch is not None and self.position.step_in_epoch >= self.batches_in_epoch

@@ -200,8 +200,8 @@ class EpochTrainer(Lifecycle, abc.ABC):
         """What the start's log line adds about the loop (after the launcher)."""
         return ""
 
-    def _input_lines(self) -> list[str]:
-        """The start's lines about how the batches are made (the torch trainer's loader plans)."""
+    def _start_lines(self) -> list[str]:
+        """The start's lines the framework adds: how the batches are made, what was compiled."""
         return []
 
     # ------------------------------------------------------------------ hooks: the run
@@ -215,8 +215,8 @@ class EpochTrainer(Lifecycle, abc.ABC):
 
     @abc.abstractmethod
     def _checkpoint_file(self) -> tuple[str, object, bool]:
-        """Rank 0: (path, write(fileobj), signed) of the state at self.position, that state copied
-        to host memory now: the write may run on a thread while the next steps change it."""
+        """Rank 0: (path, write(fileobj), signed) of the state at self.position: a background write
+        stages it to host memory before the next steps change it (checkpoint.Writer's background)."""
 
     @abc.abstractmethod
     def _state_arrays(self) -> list:
@@ -272,7 +272,7 @@ class EpochTrainer(Lifecycle, abc.ABC):
             self._check_background_write()
         if not stop and self.checkpoint_interval.due(at.global_step, mid_epoch, voted):
             # The position in the middle of the epoch, as a stop signal's checkpoint; by default
-            # written on a thread while the next steps run (--checkpoint-write).
+            # written in the background while the next steps run (--checkpoint-write).
             self._checkpoint(background=self.cfg.checkpoint_write == "background")
             self.checkpoint_interval.written()
         return stop
@@ -324,7 +324,7 @@ class EpochTrainer(Lifecycle, abc.ABC):
         self.reporter.info(f"config: { {k: v for k, v in cfg.to_dict().items() if k not in others} }")
         self.reporter.info(f"recipe: {recipes.describe(cfg)}")
         self.reporter.info(f"backend: {self.backend.describe()}")
-        for line in self._input_lines():
+        for line in self._start_lines():
             self.reporter.info(line)
         heard = {rank: addresses for rank, addresses in self.listeners.items() if addresses}
         if self.network and not heard:
@@ -385,7 +385,7 @@ class EpochTrainer(Lifecycle, abc.ABC):
             raise UsageError(error)
 
     def _checkpoint(self, background: bool = False) -> None:
-        """Rank 0 writes a checkpoint (inline, or on its writer's thread); every rank learns whether
+        """Rank 0 writes a checkpoint (inline, or in the background); every rank learns whether
         it could, so that a failed write (disk full, quota) ends every rank with its line instead
         of a hang or a traceback. A write still in the background is waited for first: its end,
         or its failure, is said before anything else is written."""

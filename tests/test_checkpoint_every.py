@@ -49,12 +49,17 @@ def test_the_keras_callbacks_say_a_bad_interval_in_their_own_terms(every, direct
 # ------------------------------------------------------------------ the background writer
 import errno  # noqa: E402
 import os  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 
 from hvdtrain import checkpoint as ckpt  # noqa: E402
-from hvdtrain.torch.devices import copy_to_host  # noqa: E402
+import signal  # noqa: E402
+
+from hvdtrain.torch import checkpoint_file  # noqa: E402
+from hvdtrain.torch.checkpoint_writer import ProcessWrites  # noqa: E402
 
 
 def test_a_background_write_runs_while_the_caller_goes_on_and_the_next_waits_for_it(tmp_path):
@@ -143,11 +148,91 @@ def test_save_says_the_previous_writes_end_before_it_writes_and_a_failure_stops_
     assert writer.finish() is None and sorted(os.listdir(tmp_path)) == [first.name, second.name]
 
 
-def test_the_state_is_copied_to_host_memory_before_the_next_step_changes_it():
-    weight = torch.ones(3)
-    state = {"model": {"w": weight}, "optimizer": {"state": {0: {"momentum": [weight * 2]}}, "lr": 0.1}, "step": 5}
-    copied = copy_to_host(state)
-    weight.add_(1)  # the next optimizer step, in place
-    assert torch.equal(copied["model"]["w"], torch.ones(3))
-    assert torch.equal(copied["optimizer"]["state"][0]["momentum"][0], torch.full((3,), 2.0))
-    assert copied["optimizer"]["lr"] == 0.1 and copied["step"] == 5
+def _trained(width: int = 4):
+    model = torch.nn.Sequential(torch.nn.Linear(width, 3), torch.nn.BatchNorm1d(3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, width)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _shared_files() -> list[str]:
+    where = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return [n for n in os.listdir(where) if n.startswith(f"hvdtrain-checkpoint-{os.getpid()}-")]
+
+
+def test_torchs_background_write_stages_the_state_in_reused_buffers_and_a_process_writes_it(tmp_path):
+    """torch's background write (hvdtrain/torch/checkpoint_writer.py): the live state (float
+    weights, int64 BatchNorm count, uint8 RNG state) is copied into shared host buffers before
+    the next step may change it, and a long-lived process, not a thread of this one, writes
+    what was staged; the buffers and the process serve every later checkpoint of that layout;
+    the optimizer's next step passes the pre-hook that waits for the copy; the process ignores
+    SIGTERM (Slurm signals every process of the job: the write in flight completes); its death
+    is one line; nothing is left in shared memory."""
+    model, optimizer = _trained()
+    writes = ProcessWrites()
+    writer = ckpt.Writer(background=writes)
+    first = str(tmp_path / "ckpt-e0000-s00000005.pt")
+
+    def capture(step):
+        return checkpoint_file.capture(str(tmp_path), ckpt.Position(global_step=step), model, optimizer,
+                                       rng=torch.get_rng_state())
+    try:
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        momentum = optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
+        rng = torch.get_rng_state()
+        assert writer.save(str(tmp_path), lambda: capture(5), keep=5, background=True) is None
+        assert writes.staging.awaiting_step
+        with torch.no_grad():  # the next step, in place, while the process writes
+            for p in model.parameters():
+                p.add_(100)
+        optimizer.step()
+        assert not writes.staging.awaiting_step  # the step passed the hook that waits for the copy
+        assert writer.finish() is None
+        saved = torch.load(first, weights_only=True)
+        assert saved["global_step"] == 5 and saved["format_version"] == ckpt.FORMAT_VERSION
+        assert all(torch.equal(saved["model"][k], v) for k, v in before.items()) and len(saved["model"]) == 7
+        assert saved["model"]["1.num_batches_tracked"].dtype == torch.int64
+        assert torch.equal(saved["optimizer"]["state"][0]["momentum_buffer"], momentum)
+        assert torch.equal(saved["rng"], rng)
+        assert ckpt.signature_matches(first)
+
+        buffers, pid = [b.data_ptr() for b in writes.staging.flat.values()], writes.process.pid
+        assert len(buffers) == 3  # float32, int64, uint8: one each, whatever the number of tensors
+        os.kill(pid, signal.SIGTERM)  # ignored
+        assert writer.save(str(tmp_path), lambda: capture(10), keep=5, background=True) is None
+        assert writer.finish() is None
+        assert [b.data_ptr() for b in writes.staging.flat.values()] == buffers and writes.process.pid == pid
+        assert torch.equal(torch.load(str(tmp_path / "ckpt-e0000-s00000010.pt"), weights_only=True)["model"]["0.weight"],
+                           model[0].weight)
+
+        model, optimizer = _trained(width=6)  # another layout: new buffers, the same process
+        assert writer.save(str(tmp_path), lambda: capture(15), keep=5, background=True) is None
+        assert writer.finish() is None and writes.process.pid == pid
+        assert torch.load(str(tmp_path / "ckpt-e0000-s00000015.pt"), weights_only=True)["model"]["0.weight"].shape == (3, 6)
+
+        (tmp_path / "a-file").write_bytes(b"")  # a write that fails in the process: one line
+        assert writer.save(str(tmp_path / "a-file"), lambda: (str(tmp_path / "a-file" / "ckpt-e0000-s00000020.pt"),
+                                                               capture(20)[1], True), keep=5, background=True) is None
+        assert writer.state() in ([True, False], [False, True])
+        writer.wait()
+        assert writer.error().startswith(f"could not write a checkpoint in {tmp_path / 'a-file'} (")
+
+        path, state, _ = capture(20)
+        writes.start(path, state, True, 5, slow=60)  # killed in the middle of its write
+        deadline = time.monotonic() + 30
+        while not any(n.startswith(ckpt.TMP_PREFIX) for n in os.listdir(tmp_path)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        assert str(writes.wait()) == "the checkpoint writer process ended (signal 9)"
+        assert writer.save(str(tmp_path), lambda: capture(25), keep=5, background=True) is None  # a new one
+        assert writer.finish() is None and writes.process.pid != pid
+    finally:
+        writer.close()
+    assert writes.process is None and _shared_files() == []
+    # The killed write's temporary file stays, its writer gone: the next start removes it.
+    removed = ckpt.remove_stale_temporaries(str(tmp_path))
+    assert len(removed) == 1 and os.path.basename(removed[0]).startswith(ckpt.TMP_PREFIX), removed
+    assert sorted(n for n in os.listdir(tmp_path) if not n.endswith(".sig")) == ["a-file",
+        "ckpt-e0000-s00000005.pt", "ckpt-e0000-s00000010.pt", "ckpt-e0000-s00000015.pt", "ckpt-e0000-s00000025.pt"]

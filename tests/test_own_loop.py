@@ -219,6 +219,9 @@ def test_a_failed_background_interval_write_ends_the_loop_at_the_next_vote(new_r
 
     run = loop.Run(OneRank(), TrainConfig(seed=0, checkpoint_every="2", checkpoint_dir=str(tmp_path)),
                    torch.device("cpu"), Watchdog(0, "test", 0, 1))
+    # The lifecycle's part, with the write in this process where the disk can be made full; the
+    # writer process's failures: test_checkpoint_every.py.
+    run.writer.background = ckpt.ThreadWrites()
     model, optimizer = model_and_optimizer(run)
     run.resume(str(tmp_path), model, optimizer)
     batches = iter(run.loader(DATA, 4, 0))

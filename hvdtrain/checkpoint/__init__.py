@@ -21,11 +21,11 @@ from hvdtrain.checkpoint.files import (FORMAT_VERSION, SAFE_TORCH, SIGNATURE, ST
                                        torch_is_safe, trust_problem, write_failure)
 from hvdtrain.checkpoint.position import Interval, Position
 from hvdtrain.checkpoint.resume import resume_on_rank0
-from hvdtrain.checkpoint.writer import Writer
+from hvdtrain.checkpoint.writer import ThreadWrites, Writer
 
 __all__ = ["RESIZE_KEYS", "check_compatible", "compatible_keys", "incompatibilities", "refuse_resize",
            "rescale_position", "resize_changes", "FORMAT_VERSION", "SAFE_TORCH", "SIGNATURE", "STALE_AFTER_SECONDS",
            "TMP_PREFIX", "atomic_write", "check_writable", "checkpoint_name", "current_umask", "key_path",
            "latest_checkpoint", "list_checkpoints", "move_aside", "order_key", "prune", "remove_stale_temporaries",
            "sign", "signature_matches", "temporary_prefix", "torch_is_safe", "trust_problem", "write_failure",
-           "Interval", "Position", "resume_on_rank0", "Writer"]
+           "Interval", "Position", "resume_on_rank0", "ThreadWrites", "Writer"]

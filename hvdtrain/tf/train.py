@@ -167,7 +167,7 @@ class Trainer(EpochTrainer):
     def _average_statistics(self) -> None:
         self.backend.average_variables(self.model.non_trainable_weights)
 
-    def _input_lines(self) -> list[str]:
+    def _start_lines(self) -> list[str]:
         splits = ("train", "val") if self.data.val_size and self.cfg.validates else ("train",)
         return [self.data.describe(split, self.cfg.batch_size) for split in splits]
 

@@ -61,15 +61,3 @@ def node_devices(local_world_size: int) -> list[torch.device]:
     lists (its strategy takes entry `local_rank`). Under per-task binding all are cuda:0, each
     task's own GPU; without binding cuda:0..local size-1."""
     return [rank_device(r, local_world_size) for r in range(local_world_size)]
-
-
-def copy_to_host(state):
-    """`state` with every tensor copied to host memory: a state dict holds the live parameters
-    and optimizer buffers, which the next steps change while a background write reads them."""
-    if torch.is_tensor(state):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: copy_to_host(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(copy_to_host(v) for v in state)
-    return state

@@ -29,6 +29,7 @@ from hvdtrain.report import say
 from hvdtrain.runtime import decode_workers
 from hvdtrain.torch import checkpoint_file, images, loader
 from hvdtrain.torch.backend_horovod import HorovodBackend
+from hvdtrain.torch.checkpoint_writer import ProcessWrites
 from hvdtrain.torch.devices import rank_device
 from hvdtrain.torch.feeder import DeviceFeeder
 
@@ -89,6 +90,8 @@ class _SeededSteps:
 class Run(LoopLifecycle):
     """One rank's part of the job: rank, local_rank, world_size, device, is_rank0, stopped_by. Its
     stop vote, checkpoints, requeue and end are hvdtrain/lifecycle.py's."""
+
+    background_writes = ProcessWrites  # interval checkpoints: staged, then written by another process
 
     def __init__(self, backend, cfg: TrainConfig, device: torch.device, watchdog, job_id: str | None = None):
         super().__init__(backend, cfg, job_id, watchdog)
@@ -186,8 +189,9 @@ class Run(LoopLifecycle):
     @exits_on_usage_error(PROG)
     def save(self, checkpoint_dir: str, model, optimizer, *, keep: int = 3, background: bool = False) -> None:
         """Rank 0 writes model, optimizer, position atomically, keeps `keep`; a failure ends every rank.
-        background: on a thread while your next steps run (the state copied to host memory
-        first); run.should_stop() then says its failure on every rank at the next step."""
+        background: while your next steps run (the state staged to host memory before your next
+        optimizer step, then written by a writer process: hvdtrain/torch/checkpoint_writer.py);
+        run.should_stop() then says its failure on every rank at the next step."""
         self._save(checkpoint_dir, model, optimizer, keep, background)
 
     def _save(self, checkpoint_dir: str, model, optimizer, keep: int, background: bool = False) -> None:
@@ -202,3 +206,4 @@ class Run(LoopLifecycle):
 
     def _close(self) -> None:
         loader.close_loaders()
+        self.writer.close()

@@ -24,8 +24,9 @@ from hvdtrain.errors import UsageError
 from hvdtrain.phases import PhaseClock
 from hvdtrain.runtime import feeder_thread_pays, rank_cores
 from hvdtrain.schedule import lr_factor
-from hvdtrain.torch import checkpoint_file, compute_mode, dali, images, internals, loader
+from hvdtrain.torch import checkpoint_file, compiled, compute_mode, dali, images, internals, loader
 from hvdtrain.torch.feeder import DeviceFeeder
+from hvdtrain.torch.checkpoint_writer import ProcessWrites
 from hvdtrain.trainer import EpochTrainer
 from hvdtrain.torch.models import MODELS
 from hvdtrain.torch.workload import TorchWorkload, from_config
@@ -52,6 +53,8 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
 class Trainer(EpochTrainer):
     framework = "torch"
     prog = PROG
+
+    background_writes = ProcessWrites  # interval checkpoints: staged, then written by another process
 
     def __init__(self, cfg: TrainConfig, workload: TorchWorkload):
         self.workload = workload  # what to train (hvdtrain/torch/workload.py): built-in or the user's
@@ -127,6 +130,11 @@ class Trainer(EpochTrainer):
     def _wrap_and_broadcast(self, saved, resumed: bool) -> None:
         cfg, b, model = self.cfg, self.backend, self.raw_model
         self.model = b.wrap_model(model, self.device)
+        # Compiled in place, after the backend's wrapper: the whole model through it (DDP's
+        # compiled path), regions inside it (hvdtrain/torch/compiled.py); the keys stay the eager ones.
+        names = compiled.compile_model(self.model if cfg.compile == "model" else model, cfg.compile,
+                                       cfg.compile_backend)
+        self.compiled_line = compiled.describe(cfg.compile, cfg.compile_backend, names, cfg.backend)
         # The optimizer state is loaded into the wrapped optimizer: Horovod's DistributedOptimizer
         # is a new optimizer object and would drop the state of the one it wraps.
         self.optimizer = b.wrap_optimizer(make_optimizer(cfg, model.parameters()), self.model, cfg)
@@ -161,8 +169,9 @@ class Trainer(EpochTrainer):
         channels-last where chosen. Run by the feeder on its side stream, and by Lightning's steps."""
         return images.to_model_input(x, self.loader_plans["train"].normalization, self.channels_last)
 
-    def _input_lines(self) -> list[str]:
-        return [plan.describe() for split, plan in self.loader_plans.items() if split == "train" or self.cfg.validates]
+    def _start_lines(self) -> list[str]:
+        return [*(plan.describe() for split, plan in self.loader_plans.items() if split == "train" or self.cfg.validates),
+                *([self.compiled_line] if self.cfg.compile != "off" else [])]
 
     def _batches(self, split: str, **where):
         """`split`'s batches on the device (its plan's loader, the library's copy where the backend
@@ -196,6 +205,7 @@ class Trainer(EpochTrainer):
             return super().finish(stopped_by)
         finally:
             loader.close_loaders()  # the workers kept across epochs (hvdtrain/torch/loader.py)
+            self.writer.close()
 
     def _rank_extras(self) -> dict:
         # Each rank's AMP loss scale: equal on every rank, or the ranks apply different updates.
