@@ -80,6 +80,8 @@ class Lifecycle:
         self.watchdog = None
         if watchdog is not None:
             self.watch(watchdog)
+        if self.is_rank0 and any(cfg.checkpoint_interval) and cfg.checkpoint_write == "background":
+            self.writer.prepare()
 
     def log(self, line: str, every_rank: bool = False) -> None:
         raise NotImplementedError

@@ -68,6 +68,12 @@ def test_compare_runs_every_backend_and_pairs_each_with_its_reference():
     (dict(framework="torch", backend="lightning", loader="dali"), "--loader is honoured by --backend horovod and ddp "
                                                                   "only, not by --backend lightning"),
     (dict(framework="torch", backend="horovod", amp="fp16", use_adasum=True), "--amp fp16 with --use-adasum"),
+    (dict(framework="torch", backend="horovod", compile="regions", use_adasum=True), "--compile with --use-adasum "
+                                                                                    "is not supported"),
+    (dict(framework="torch", backend="horovod", compile="model", fp16_allreduce=True), "--compile with "
+                                                                                      "--fp16-allreduce is not"),
+    (dict(framework="torch", backend="accelerate", compile="regions"), "--compile is honoured by --backend horovod "
+                                                                       "and ddp only"),
     (dict(framework="torch", backend="lightning", batches_per_allreduce=2), "--batches-per-allreduce > 1 with "
                                                                            "--backend lightning is not supported"),
     (dict(framework="torch", backend="lightning", checkpoint_dir="/tmp/c"), "--checkpoint-dir with --backend "

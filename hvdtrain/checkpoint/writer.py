@@ -112,6 +112,11 @@ class Writer:
         self.say_written()
         return error
 
+    def prepare(self) -> None:
+        """Rank 0, at the start of a run with interval checkpoints: the background made ready now
+        (torch's writer process starts while the run starts, not at the first checkpoint)."""
+        getattr(self.background, "prepare", lambda: None)()
+
     def close(self) -> None:
         """The last write ended (its outcome kept for finish()), the background's resources freed."""
         self.wait()

@@ -228,8 +228,7 @@ class ProcessWrites:
     def start(self, path: str, write, signed: bool, keep: int, slow: float) -> None:
         if not isinstance(write, TorchState):
             raise TypeError(f"a background torch checkpoint takes a TorchState, not {type(write).__name__}")
-        if self.process is None or self.process.poll() is not None:
-            self._start_process()
+        self.prepare()
         skeleton, new = self.staging.stage(write)
         if new:
             self.conn.send(("buffers", self.staging.files, self.staging.layout))
@@ -245,6 +244,12 @@ class ProcessWrites:
             self.conn.send(message)
         self.sender = threading.Thread(target=send_when_copied, name="hvdtrain-checkpoint-stager", daemon=True)
         self.sender.start()
+
+    def prepare(self) -> None:
+        """The writer process running: started now if it is not (its start, an interpreter and
+        torch's import, about a second of a core, overlaps whatever the rank does meanwhile)."""
+        if self.process is None or self.process.poll() is not None:
+            self._start_process()
 
     def busy(self) -> bool:
         if not self.pending:
