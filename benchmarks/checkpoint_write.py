@@ -49,7 +49,7 @@ def run(way: str, args, work: str) -> tuple[float, float, float]:
             "--synthetic-size", str(args.steps * args.batch_size), "--epochs", "1", "--validation", "off",
             "--threads-per-rank", str(args.threads), "--checkpoint-dir", ckpt, "--keep-checkpoints", "1",
             "--result-json", result, *every, *WAYS[way]]
-    env = dict(os.environ, PYTHONPATH=code or ROOT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([code or ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
     if args.ranks > 1:
         from hvdtrain.launch import launch_env
         env = launch_env(env)
@@ -82,17 +82,19 @@ def main() -> None:
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", args.baseline_tree, args.baseline],
                        check=True, capture_output=True)
     seen = {way: [] for way in WAYS}
-    for repeat in range(args.repeats):
-        order = list(WAYS) if repeat % 2 == 0 else list(WAYS)[::-1]
-        for way in order:
-            seen[way].append(run(way, args, work))
-            ips, step_ms, data_ms = seen[way][-1]
-            print(f"repeat {repeat + 1}: {way:19s} {ips:7.1f} img/s, {step_ms:6.1f} ms/step, data phase {data_ms:5.1f} ms",
-                  flush=True)
+    try:
+        for repeat in range(args.repeats):
+            order = list(WAYS) if repeat % 2 == 0 else list(WAYS)[::-1]
+            for way in order:
+                seen[way].append(run(way, args, work))
+                ips, step_ms, data_ms = seen[way][-1]
+                print(f"repeat {repeat + 1}: {way:19s} {ips:7.1f} img/s, {step_ms:6.1f} ms/step, data phase "
+                      f"{data_ms:5.1f} ms", flush=True)
+    finally:
+        if args.baseline:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", args.baseline_tree], capture_output=True)
     median = {way: [statistics.median(r[i] for r in seen[way]) for i in range(3)] for way in WAYS}
     base_ips, base_step, base_data = median["none"]
-    if args.baseline:
-        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", args.baseline_tree], capture_output=True)
     print(f"\n{args.model}, {args.image_size}px, batch {args.batch_size}, {args.steps} steps, a checkpoint every "
           f"{args.every} steps, {args.ranks} rank(s) x {args.threads} compute thread(s), written to {work} "
           f"(medians of {args.repeats}{'; ' + BASELINE + ': ' + args.baseline if args.baseline else ''}):")

@@ -196,6 +196,9 @@ def test_torchs_background_write_stages_the_state_in_reused_buffers_and_a_proces
         assert torch.equal(saved["optimizer"]["state"][0]["momentum_buffer"], momentum)
         assert torch.equal(saved["rng"], rng)
         assert ckpt.signature_matches(first)
+        # Each tensor its own bytes, as an inline write's: not a view of one staging buffer.
+        weight = saved["model"]["0.weight"]
+        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
 
         buffers, pid = [b.data_ptr() for b in writes.staging.flat.values()], writes.process.pid
         assert len(buffers) == 3  # float32, int64, uint8: one each, whatever the number of tensors
@@ -211,6 +214,10 @@ def test_torchs_background_write_stages_the_state_in_reused_buffers_and_a_proces
         assert writer.finish() is None and writes.process.pid == pid
         assert torch.load(str(tmp_path / "ckpt-e0000-s00000015.pt"), weights_only=True)["model"]["0.weight"].shape == (3, 6)
 
+        unpicklable = capture(18)
+        unpicklable[1].state["extra"] = lambda: None  # refused at the save, in one line, nothing sent
+        line = writer.save(str(tmp_path), lambda: unpicklable, keep=5, background=True)
+        assert line.startswith(f"could not write a checkpoint in {tmp_path} (") and "lambda" in line, line
         (tmp_path / "a-file").write_bytes(b"")  # a write that fails in the process: one line
         assert writer.save(str(tmp_path / "a-file"), lambda: (str(tmp_path / "a-file" / "ckpt-e0000-s00000020.pt"),
                                                                capture(20)[1], True), keep=5, background=True) is None

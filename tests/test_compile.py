@@ -33,6 +33,7 @@ def test_compiled_in_place_keeps_the_keys_and_the_outputs(mode):
         assert torch.allclose(a.grad, b.grad, rtol=1e-6, atol=1e-6)
     regions = [m for m in compiled.children() if getattr(m, "_compiled_call_impl", None) is not None]
     assert len(regions) == (4 if mode == "regions" else 0)
+    assert (getattr(compiled, "_compiled_call_impl", None) is not None) == (mode == "model")
 
 
 def test_named_regions_and_a_wrong_name():
@@ -130,3 +131,6 @@ def test_the_trainer_compiled_trains_as_eager_and_resumes_across_compiled_and_ea
     assert "resumed from" in out and resumed["final"]["epoch"] == 2, out[-3000:]
     out, back = run("third", "--epochs", "3", "--checkpoint-dir", ckpt)  # eager again, from the compiled one's
     assert "resumed from" in out and back["final"]["epoch"] == 3, out[-3000:]
+    out, ddp = run("ddp", "--epochs", "1", "--backend", "ddp", "--compile", "model")  # DDP's compiled path
+    assert "the whole model (aot_eager); DDP's compiled path" in out, out[-3000:]
+    assert ddp["final"]["train_loss"] == pytest.approx(eager["final"]["train_loss"], rel=1e-4)

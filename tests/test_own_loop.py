@@ -221,6 +221,7 @@ def test_a_failed_background_interval_write_ends_the_loop_at_the_next_vote(new_r
                    torch.device("cpu"), Watchdog(0, "test", 0, 1))
     # The lifecycle's part, with the write in this process where the disk can be made full; the
     # writer process's failures: test_checkpoint_every.py.
+    run.writer.background.close()  # the writer process start() began
     run.writer.background = ckpt.ThreadWrites()
     model, optimizer = model_and_optimizer(run)
     run.resume(str(tmp_path), model, optimizer)

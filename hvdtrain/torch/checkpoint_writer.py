@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from multiprocessing.connection import Connection
 
 import torch
@@ -106,9 +107,25 @@ def _views(flat: dict, layout: list) -> list:
     return views
 
 
-def _shared_dir() -> str:
-    """Shared memory's file system where there is one (tmpfs: never written to a disk)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+def _buffer_file(nbytes: int) -> str:
+    """A file of nbytes with its space reserved: in shared memory's file system where it has the
+    room (tmpfs: never written to a disk), else in the temporary directory. Reserved, not sparse:
+    a tmpfs too small for the state (a container's 64 MiB /dev/shm) is found here, not by a
+    SIGBUS at the copy."""
+    tried = []
+    for where in ("/dev/shm", tempfile.gettempdir()):
+        if not (os.path.isdir(where) and os.access(where, os.W_OK)):
+            continue
+        fd, path = tempfile.mkstemp(prefix=f"hvdtrain-checkpoint-{os.getpid()}-", dir=where)
+        try:
+            os.posix_fallocate(fd, 0, max(nbytes, 1))
+            return path
+        except OSError as err:
+            os.unlink(path)
+            tried.append(f"{where}: {err.strerror or err}")
+        finally:
+            os.close(fd)
+    raise OSError(f"no room for {nbytes / 2**20:.0f} MiB of checkpoint staging buffers ({'; '.join(tried)})")
 
 
 class Staging:
@@ -125,7 +142,7 @@ class Staging:
         self.side_stream = None
         self.copied = None  # the side stream's event after the copy (a GPU's), until a step waited
         self.awaiting_step = False  # a staged copy the optimizer's next step must wait for
-        self.hooked: set[int] = set()  # optimizers with the step pre-hook
+        self.hooked = weakref.WeakKeyDictionary()  # optimizer -> its step pre-hook's handle
 
     def stage(self, write: TorchState) -> tuple[object, bool]:
         """Copy write's tensors into the buffers (a GPU's: queued on the side stream). Returns the
@@ -136,9 +153,8 @@ class Staging:
         new = layout != self.layout
         if new:
             self._allocate(layout)
-        if write.optimizer is not None and id(write.optimizer) not in self.hooked:
-            write.optimizer.register_step_pre_hook(self._before_step)
-            self.hooked.add(id(write.optimizer))
+        if write.optimizer is not None and write.optimizer not in self.hooked:
+            self.hooked[write.optimizer] = write.optimizer.register_step_pre_hook(self._before_step)
         devices = {t.device for t in tensors if t.is_cuda}
         if devices:
             self._copy_on_side_stream(tensors, write.model, devices.pop())
@@ -184,9 +200,7 @@ class Staging:
             totals[dtype] = totals.get(dtype, 0) + numel
         for dtype, numel in totals.items():
             numel = max(numel, 1)
-            fd, path = tempfile.mkstemp(prefix=f"hvdtrain-checkpoint-{os.getpid()}-", dir=_shared_dir())
-            os.ftruncate(fd, numel * _dtype(dtype).itemsize)
-            os.close(fd)
+            path = _buffer_file(numel * _dtype(dtype).itemsize)
             self.flat[dtype] = torch.from_file(path, shared=True, size=numel, dtype=_dtype(dtype))
             self.files.append((path, dtype, numel))
             if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -201,8 +215,13 @@ class Staging:
         address, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
         if torch.cuda.cudart().cudaHostRegister(address, size, 0) == 0:
             self.pinned.append(address)
+        else:  # unpinned, the copy then synchronous: slower, still right
+            _clear_cuda_error()
 
     def release(self) -> None:
+        for handle in list(self.hooked.values()):
+            handle.remove()
+        self.hooked.clear()
         for address in self.pinned:
             torch.cuda.cudart().cudaHostUnregister(address)
         for path, _, _ in self.files:
@@ -211,6 +230,18 @@ class Staging:
             except FileNotFoundError:  # the writer process unlinks them once it has them mapped
                 pass
         self.pinned, self.files, self.flat, self.views, self.layout = [], [], {}, [], None
+
+
+def _clear_cuda_error() -> None:
+    """Reset CUDA's last error (cudaGetLastError) after a call that failed on purpose-tolerant
+    grounds: left set, the next kernel launch's check would raise it far from its cause. torch
+    binds no cudaGetLastError: it is called in the libcudart this process has loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next(line.split()[-1] for line in maps if "libcudart.so" in line)
+        ctypes.CDLL(path).cudaGetLastError()
+    except (OSError, StopIteration, AttributeError):
+        pass
 
 
 class ProcessWrites:
@@ -232,16 +263,20 @@ class ProcessWrites:
         skeleton, new = self.staging.stage(write)
         if new:
             self.conn.send(("buffers", self.staging.files, self.staging.layout))
-        message = ("write", path, skeleton, signed, keep, slow)
+        # Pickled here: what cannot be (a lambda in a state) fails this save in one line.
+        message = pickle.dumps(("write", path, skeleton, signed, keep, slow))
         self.pending, self.failure = True, None
         copied = self.staging.copied  # the next step's pre-hook clears it: kept here
         if copied is None:
-            self.conn.send(message)
+            self.conn.send_bytes(message)
             return
 
         def send_when_copied():  # a GPU's copy: the host waits for it here, not in the step
-            copied.synchronize()
-            self.conn.send(message)
+            try:
+                copied.synchronize()
+                self.conn.send_bytes(message)
+            except BaseException as err:  # noqa: BLE001 - the write's failure, said by wait()
+                self.failure = err
         self.sender = threading.Thread(target=send_when_copied, name="hvdtrain-checkpoint-stager", daemon=True)
         self.sender.start()
 
@@ -256,7 +291,7 @@ class ProcessWrites:
             return False
         if self.sender is not None and self.sender.is_alive():
             return True
-        return not self.conn.poll()
+        return self.failure is None and not self.conn.poll()
 
     def wait(self) -> BaseException | None:
         """The write ended: its failure, or None."""
@@ -264,13 +299,14 @@ class ProcessWrites:
             if self.sender is not None:
                 self.sender.join()
                 self.sender = None
-            try:
-                self.failure = self.conn.recv()
-            except (EOFError, OSError):
-                code = self.process.wait()
-                how = f"signal {-code}" if code < 0 else f"exit status {code}"
-                self.failure = RuntimeError(f"the checkpoint writer process ended ({how})")
-                self.process = None
+            if self.failure is None:  # sent: the process answers
+                try:
+                    self.failure = self.conn.recv()
+                except (EOFError, OSError):
+                    code = self.process.wait()
+                    how = f"signal {-code}" if code < 0 else f"exit status {code}"
+                    self.failure = RuntimeError(f"the checkpoint writer process ended ({how})")
+                    self._forget_process()
             self.pending = False
         failure, self.failure = self.failure, None
         return failure
@@ -286,11 +322,23 @@ class ProcessWrites:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-            self.conn.close()
-            self.process = None
+                self.process.wait()
+            self._forget_process()
         self.staging.release()
 
+    def __del__(self):  # a run dropped without close(): the process sees its socket close and ends
+        if self.conn is not None:
+            self.conn.close()
+
+    def _forget_process(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = self.process = None
+
     def _start_process(self) -> None:
+        if self.process is not None:  # ended: reaped, its socket closed
+            self.process.wait()
+            self._forget_process()
         mine, theirs = socket.socketpair()
         env = dict(os.environ)
         # The same hvdtrain as this process's, whatever put it on this process's path.
@@ -316,30 +364,66 @@ def _end_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _tensors_of(files: list, layout: list) -> list:
+    """Each tensor of the state, in order, mapped from the buffers' files with a storage of its own
+    (a numpy memmap of its bytes): saved, each holds its own bytes, as a checkpoint written
+    inline does, not a view of one large storage."""
+    import numpy as np
+
+    where = {dtype: path for path, dtype, _ in files}
+    offsets = dict.fromkeys(where, 0)
+    tensors = []
+    for dtype, shape in layout:
+        numel = 1
+        for n in shape:
+            numel *= n
+        size = _dtype(dtype).itemsize
+        if numel == 0:
+            tensors.append(torch.empty(shape, dtype=_dtype(dtype)))
+            continue
+        raw = np.memmap(where[dtype], dtype=np.uint8, mode="r+", offset=offsets[dtype] * size, shape=(numel * size,))
+        tensors.append(torch.from_numpy(raw).view(_dtype(dtype)).reshape(shape))
+        offsets[dtype] += numel
+    for path in where.values():
+        os.unlink(path)  # mapped on both sides: nothing left behind in /dev/shm
+    return tensors
+
+
 def serve(conn: Connection) -> None:
     """The writer process's loop: map the buffers, write each checkpoint, answer with its failure
-    (or None); end at ("exit",) or when the socket closes."""
+    (or None); end at ("exit",) or when the socket closes. A message it cannot read (a class
+    only the rank's own script defines) is that write's failure, said by the rank."""
+    import warnings
+
     from hvdtrain.checkpoint.writer import write_checkpoint
 
-    views: list = []
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    tensors: list = []
+    unusable: BaseException | None = None  # the buffers could not be mapped
     while True:
         try:
-            message = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        try:
+            message = pickle.loads(data)
+        except BaseException as err:  # noqa: BLE001 - the write's failure, said by the rank
+            conn.send(RuntimeError(f"the checkpoint writer process cannot read the state ({type(err).__name__}: "
+                                   f"{err})"))
+            continue
         if message[0] == "exit":
             return
         if message[0] == "buffers":
-            _, files, layout = message
-            flat = {}
-            for path, dtype, numel in files:
-                flat[dtype] = torch.from_file(path, shared=True, size=numel, dtype=_dtype(dtype))
-                os.unlink(path)  # mapped on both sides: nothing left behind in /dev/shm
-            views = _views(flat, layout)
+            try:
+                tensors, unusable = _tensors_of(message[1], message[2]), None
+            except OSError as err:
+                tensors, unusable = [], err
             continue
         _, path, skeleton, signed, keep, slow = message
         try:
-            state = _fill(skeleton, views)
+            if unusable is not None:
+                raise unusable
+            state = _fill(skeleton, tensors)
             write_checkpoint(path, lambda f: torch.save(state, f), signed, keep, slow)
             failure = None
         except BaseException as err:  # noqa: BLE001 - said by rank 0 on every rank

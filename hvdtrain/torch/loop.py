@@ -177,14 +177,15 @@ class Run(LoopLifecycle):
     @staticmethod
     def _take(path: str, state: dict, model, optimizer) -> dict:
         kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-        try:  # it reads but does not fit: no older one will
+        try:  # it reads but does not fit: no older one will (and it is not damaged: never moved aside)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            position = ckpt.Position.from_checkpoint(state)
         except Exception as err:  # noqa: BLE001 - one line, naming the file
             raise UsageError(f"checkpoint {path} does not fit this model or optimizer ({in_one_line(err)})") from None
         for group, settings in zip(optimizer.param_groups, kept):
             group.update(settings)  # this run's LR (scaled for its world size), not the checkpoint's
-        return {"path": path, "position": ckpt.Position.from_checkpoint(state), "batching": state["batching"]}
+        return {"path": path, "position": position, "batching": state.get("batching")}
 
     @exits_on_usage_error(PROG)
     def save(self, checkpoint_dir: str, model, optimizer, *, keep: int = 3, background: bool = False) -> None:
