@@ -282,13 +282,15 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
     plain_rates = [r["images_per_sec"] for r in plain_runs if r.get("images_per_sec")]
     plain = sum(plain_rates) / len(plain_rates) if plain_rates else None
     runs = {n: _load(os.path.join(logs, f"{n}.json"))
-            for n in ("horovod", "horovod-2", "ddp", "resume", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}
+            for n in ("horovod", "horovod-2", "ddp", "resume", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every",
+                      "compile")}
     # hvdtrain and the plain loop alternated (horovod, plain, horovod-2, plain-2): the pairs' ratios.
     alternated = ratio_verdict([_hvdtrain_rate(runs[n]) for n in ("horovod", "horovod-2")],
                                [plain_rate["plain"], plain_rate["plain-2"]], None if meta.get("device") == "cpu" else GOAL)
     ceiling = (_load(os.path.join(logs, "ceiling.json")) or {}).get("images_per_sec")
     rates = {"plain": plain, **{n: _hvdtrain_rate(runs[n])
-                                for n in ("horovod", "ddp", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}}
+                                for n in ("horovod", "ddp", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every",
+                                          "compile")}}
     ratios = {n: (rates[n] / plain if rates[n] and plain else None) for n in ("horovod", "ddp")}
     # Real JPEGs (shards, decoded by workers) against the same run on synthetic images in memory;
     # the feeder's effect: the Horovod run with it against without it.
@@ -297,6 +299,11 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
                for n in ("horovod", "feeder-off", "jpeg", "jpeg-feeder-off", "ckpt-every")}
     # Interval checkpoints' cost: the Horovod run with --checkpoint-every against without.
     ckpt_cost = 1 - rates["ckpt-every"] / rates["horovod"] if rates["ckpt-every"] and rates["horovod"] else None
+    # --compile regions against eager (the Horovod run, same epochs on a GPU; its own epochs here),
+    # and the stage's extra seconds: the compiler's (the epochs' own time aside).
+    compile_speedup = rates["compile"] / rates["horovod"] if rates["compile"] and rates["horovod"] else None
+    seconds = {row["stage"]: row["seconds"] for row in stages if row["status"] == "ok"}
+    compile_seconds = seconds["compile"] - seconds["ckpt-every"] if {"compile", "ckpt-every"} <= set(seconds) else None
     shared = shared_summary(logs)
     profiles = {n: profile_summary(os.path.join(logs, f"profile-{n}.txt")) for n in ("horovod", "ddp")}
 
@@ -329,7 +336,8 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
                "goal": None if cpu else GOAL, "alternated": alternated, "ceiling_images_per_sec": ceiling,
                # Met only as the alternated pairs decide it (None: undecided, or the CPU mode).
                "goal_met": {"met": True, "NOT met": False}.get(alternated["verdict"]),
-               "checkpoint_every_cost": ckpt_cost, "checkpoint_every_goal": CKPT_GOAL, "shared_gpu": shared,
+               "checkpoint_every_cost": ckpt_cost, "checkpoint_every_goal": CKPT_GOAL,
+               "compile_speedup": compile_speedup, "compile_seconds": compile_seconds, "shared_gpu": shared,
                "host_profiles": profiles,
                "resume": resume, "settings": settings, "settings_differ": differ, "stages": stages,
                "failed_stages": failed}
@@ -387,6 +395,9 @@ def build_report(work: str, out: str) -> tuple[str, dict]:
               f"| Horovod, `--checkpoint-every {meta.get('checkpoint_every')}` | {num(rates['ckpt-every'])} | cost "
               f"{num(None if ckpt_cost is None else 100 * ckpt_cost, '{:.1f}')} % of the run without (goal <= "
               f"{100 * CKPT_GOAL:.0f} %); {step('ckpt-every')} |",
+              f"| Horovod, `--compile regions` ({meta.get('compile_backend')}) | {num(rates['compile'])} | "
+              f"x{num(compile_speedup, '{:.3f}')} of eager; the stage {num(compile_seconds, '{:+.0f}')} s against "
+              f"`ckpt-every`'s (the compiler) |",
               ""]
     for name, prof in profiles.items():
         if prof and prof["samples_training"]:

@@ -41,6 +41,8 @@
 #             ranks sharing a GPU before 2.30: where torch's is older, FILES/libnccl.so.2[.xz] (a
 #             newer one, docs/gpu.md) is put first with LD_PRELOAD for these stages;
 #   ckpt-every the Horovod run with --checkpoint-every GPU_CHECK_CKPT_EVERY steps (50): its cost;
+#   compile   the Horovod run with --compile regions (GPU_CHECK_COMPILE_BACKEND: inductor / aot_eager):
+#             its img/s against the eager run's, and the stage's extra seconds (the compiler's);
 #   lightning the courses' LightningModule (torch_examples/lightning_imagenet.py) under
 #             strategy="horovod" on the JPEG shards, 16-mixed and channels-last (Lightning's,
 #             lightning-utilities' and torchmetrics' wheels in FILES where the machine lacks them);
@@ -112,6 +114,7 @@ SHARED_STEPS=${GPU_CHECK_SHARED_STEPS:-$([ "$DEVICE" = cuda ] && echo 30 || echo
 # over 2 samples (half of 4) would blow the weights up and leave nothing to compare.
 SHARED_BATCH=${GPU_CHECK_SHARED_BATCH:-$([ "$DEVICE" = cuda ] && echo $((BATCH / 2)) || echo 8)}
 CKPT_EVERY=${GPU_CHECK_CKPT_EVERY:-$([ "$DEVICE" = cuda ] && echo 50 || echo 2)}
+COMPILE_BACKEND=${GPU_CHECK_COMPILE_BACKEND:-$([ "$DEVICE" = cuda ] && echo inductor || echo aot_eager)}
 # An absolute path, looked up now: PATH later starts with the check's own venv, whose python3
 # would otherwise stand in for the machine's (and its .pth file would then add itself forever).
 PYTHON=$(command -v "${PYTHON:-python3}") || { echo "gpu-check: no ${PYTHON:-python3} on PATH" >&2; exit 2; }
@@ -172,7 +175,7 @@ json.dump({"device": "$DEVICE", "model": "$MODEL", "image_size": $SIZE, "batch_s
            "channels_last": "$CHANNELS_LAST", "epochs": $EPOCHS, "alternated_epochs": $AB_EPOCHS,
            "steps_per_epoch": $STEPS, "warmup_steps": $WARMUP,
            "num_workers": $WORKERS, "jpegs": $JPEGS, "jpeg_workers": $JPEG_WORKERS, "shared_steps": $SHARED_STEPS,
-           "shared_batch": $SHARED_BATCH, "checkpoint_every": $CKPT_EVERY, "budget_s": $BUDGET, "elapsed_s": $SECONDS,
+           "shared_batch": $SHARED_BATCH, "checkpoint_every": $CKPT_EVERY, "compile_backend": "$COMPILE_BACKEND", "budget_s": $BUDGET, "elapsed_s": $SECONDS,
            "work": "$WORK", "archive": "gpu-check-logs.tar.gz"}, open(sys.argv[1], "w"), indent=1)
 EOF
     # Every log into one archive, each cut to its last 4 MiB (a verbose build log can be large).
@@ -447,6 +450,7 @@ stage jpeg-data 90 jpeg_data || true
 stage jpeg 120 jpeg_run || true
 stage ckpt-every 90 hvdtrain_run ckpt-every --epochs "$EPOCHS" --checkpoint-dir "$WORK/ckpt-every" \
     --checkpoint-every "$CKPT_EVERY" || true
+stage compile 150 hvdtrain_run compile --epochs "$EPOCHS" --compile regions --compile-backend "$COMPILE_BACKEND" || true
 if command -v py-spy >/dev/null || [ "$DEVICE" = cuda ]; then
     stage profile-horovod 90 profile_run horovod --epochs "$EPOCHS" || true
     stage profile-ddp 90 profile_run ddp --epochs "$EPOCHS" --backend ddp || true

@@ -25,7 +25,8 @@ MiB = 1024 * 1024
 # feeder-off and horovod-2: horovod's; jpeg-feeder-off: jpeg's; plain-2: plain's), 55 s of the suite's
 # time. The report's arithmetic on two alternated pairs: tests/test_gpu_check_report.py.
 STAGES = ["env", "check", "shared-nccl", "shared-ref", "shared-hvd", "shared-ddp", "shared-weights", "shared-resume",
-          "shared-doctor", "horovod", "plain", "ceiling", "ddp", "jpeg-data", "jpeg", "ckpt-every", "resume", "lightning",
+          "shared-doctor", "horovod", "plain", "ceiling", "ddp", "jpeg-data", "jpeg", "ckpt-every", "compile", "resume",
+          "lightning",
           "doctor"]
 SELECTED = "|".join(s for s in STAGES if s not in ("env", "check")) + "|profile-.*"
 
@@ -139,3 +140,6 @@ def test_gpu_check_cpu_mode(tmp_path):
     assert figures["images_per_sec"]["ckpt-every"] > 0 and figures["checkpoint_every_cost"] is not None, figures
     steps = sorted(int(re.search(r"-s(\d+)", p.name)[1]) for p in (work / "ckpt-every").glob("*.pt"))
     assert any(step % 3 for step in steps), steps
+    # --compile regions ran, said so, and is in the report beside eager.
+    assert figures["images_per_sec"]["compile"] > 0 and figures["compile_speedup"] is not None, figures
+    assert "`--compile regions` (aot_eager)" in report, report
