@@ -131,7 +131,7 @@ def test_hvdtrain_has_no_import_cycle():
 # knows no framework and no tool; a framework knows no other (Lightning's strategy builds on
 # torch's) and no tool; the tools (the comparison, the doctor, the sbatch generator) may use all.
 FRAMEWORKS = {"torch", "tf", "lightning"}
-TOOLS = {"compare", "doctor", "slurm"}
+TOOLS = {"compare", "doctor", "predict", "slurm"}
 MAY_IMPORT_ONLY = {
     "data": {"errors", "report", "cluster"},
     "cluster": {"errors", "report", "watchdog"},

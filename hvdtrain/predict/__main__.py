@@ -1,0 +1,3 @@
+from hvdtrain.predict.cli import main
+
+main()

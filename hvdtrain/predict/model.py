@@ -1,0 +1,130 @@
+"""The scaling model: a data-parallel step's time at N GPUs from one GPU's measured step, the
+gradient exchange's alpha-beta cost, the input pipeline's and the file system's rates.
+
+Weak scaling (the batch per GPU fixed, as hvdtrain's --batch-size is): a step at N GPUs is
+
+    max(compute + exposed exchange + optimizer,  input,  file system)
+
+- compute: forward and backward on one GPU (measured); optimizer: the step after the exchange.
+- exchange: the gradients in buckets (Horovod's fusion buffers, DDP's buckets) allreduced one
+  after the other on one channel, each as soon as the backward has produced it (gradients
+  appear through the backward, the last layers' first) and the channel is free: a ring
+  allreduce of S bytes over n GPUs takes 2(n-1)/n x S / busbw + its latency (nccl-tests'
+  bus-bandwidth definition; intra-node bandwidth within a node, the network's across nodes);
+  Horovod adds half a cycle (its coordination round) per buffer. What ends after the backward
+  is exposed.
+- input: a GPU's decode workers at their measured rate each; file system: the node's share of
+  the read rate and the file system's aggregate, at the bytes a sample takes.
+
+E(N) = step(1) / step(N); img/s(N) = N x batch / step(N). What it is blind to (stragglers, a
+congested or shared network, a changed global batch's effect on accuracy) is said in BLIND."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BLIND = ("blind to stragglers (one slow GPU or node sets every step), to a network shared with other jobs "
+         "or congested by the topology, to the file system's load from other jobs, to ranks sharing a node's "
+         "cores (CPU ranks), and to what a larger global batch does to accuracy and to the epochs needed")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster partition's figures (hvdtrain/predict/clusters/*.toml)."""
+    name: str
+    gpus_per_node: int
+    cores_per_gpu: int
+    intra_busbw_gbs: float      # allreduce bus bandwidth within a node, GB/s (nccl-tests' busbw)
+    inter_busbw_gbs: float      # across nodes, GB/s (the network: what one ring gets per GPU)
+    intra_latency_s: float = 5e-6
+    inter_latency_s: float = 10e-6
+    fs_node_gbs: float = math.inf       # the file system's read rate one node gets, GB/s
+    fs_aggregate_gbs: float = math.inf  # all nodes together, GB/s
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """How a backend exchanges gradients: its buckets and its per-bucket overhead."""
+    name: str
+    bucket_bytes: int           # Horovod: the fusion threshold (64 MiB); DDP: bucket_cap_mb (25 MiB)
+    overhead_s: float = 0.0     # per bucket: Horovod's half cycle (cycle time 5 ms -> 2.5 ms on average)
+
+
+HOROVOD = Exchange("horovod", 64 * 2**20, 0.0025)
+DDP = Exchange("ddp", 25 * 2**20, 0.0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One GPU's measured step and what the data costs."""
+    batch: int                    # samples per GPU per step
+    compute_s: float              # forward + backward, one GPU
+    optimizer_s: float            # the optimizer step (and what follows the exchange)
+    gradient_bytes: int           # what is allreduced a step (parameters x bytes per gradient)
+    backward_fraction: float = 2 / 3  # the backward's share of compute: when gradients appear
+    input_s: float = 0.0          # one GPU's batch through its decode workers (0: in memory)
+    sample_bytes: float = 0.0     # bytes read from the file system per sample (0: none)
+
+
+def ring_allreduce_s(nbytes: float, gpus: int, cluster: Cluster) -> float:
+    """A ring allreduce of nbytes over `gpus` GPUs packed gpus_per_node to a node."""
+    if gpus <= 1 or nbytes <= 0:
+        return 0.0
+    nodes = math.ceil(gpus / cluster.gpus_per_node)
+    busbw = cluster.intra_busbw_gbs if nodes == 1 else min(cluster.intra_busbw_gbs, cluster.inter_busbw_gbs)
+    per_node = min(gpus, cluster.gpus_per_node)
+    latency = 2 * (per_node - 1) * cluster.intra_latency_s + 2 * (nodes - 1) * cluster.inter_latency_s
+    return 2 * (gpus - 1) / gpus * nbytes / (busbw * 1e9) + latency
+
+
+def exposed_exchange_s(work: Workload, gpus: int, cluster: Cluster, exchange: Exchange) -> float:
+    """The exchange's time after the backward ends: buckets ready evenly through the backward,
+    allreduced in order on one channel."""
+    if gpus <= 1:
+        return 0.0
+    buckets = max(1, math.ceil(work.gradient_bytes / exchange.bucket_bytes))
+    backward = work.compute_s * work.backward_fraction
+    start_of_backward = work.compute_s - backward
+    done = 0.0
+    for i in range(buckets):
+        size = min(exchange.bucket_bytes, work.gradient_bytes - i * exchange.bucket_bytes)
+        ready = start_of_backward + backward * (i + 1) / buckets
+        done = max(done, ready) + ring_allreduce_s(size, gpus, cluster) + exchange.overhead_s
+    return max(0.0, done - work.compute_s)
+
+
+@dataclass(frozen=True)
+class Step:
+    gpus: int
+    seconds: float
+    images_per_s: float
+    efficiency: float
+    bound: str             # compute | exchange | input | file system
+    exposed_s: float
+
+
+def _paths(work: Workload, gpus: int, cluster: Cluster, exchange: Exchange) -> tuple[dict, float]:
+    """Each path's seconds a step (the step is the longest), and the exposed exchange."""
+    exposed = exposed_exchange_s(work, gpus, cluster, exchange)
+    paths = {"compute": work.compute_s + work.optimizer_s + exposed, "input": work.input_s}
+    if work.sample_bytes:
+        per_step = work.batch * work.sample_bytes / 1e9  # GB a GPU reads a step
+        paths["file system"] = max(min(gpus, cluster.gpus_per_node) * per_step / cluster.fs_node_gbs,
+                                   gpus * per_step / cluster.fs_aggregate_gbs)
+    return paths, exposed
+
+
+def step(work: Workload, gpus: int, cluster: Cluster, exchange: Exchange) -> Step:
+    """The step at `gpus` GPUs, its rate, E(N) against one GPU and the phase that bounds it."""
+    paths, exposed = _paths(work, gpus, cluster, exchange)
+    bound = max(paths, key=paths.get)
+    seconds = paths[bound]
+    if bound == "compute" and exposed > 0.2 * seconds:
+        bound = "exchange"
+    one = max(_paths(work, 1, cluster, exchange)[0].values())
+    return Step(gpus, seconds, gpus * work.batch / seconds, one / seconds, bound, exposed)
+
+
+def gpu_hours_per_epoch(samples: int, result: Step) -> float:
+    return samples / result.images_per_s * result.gpus / 3600
