@@ -72,16 +72,22 @@ def test_every_built_in_profile_loads_with_its_sources_and_a_bad_one_is_one_line
 
 
 def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
-    result = {"config": {"model": "resnet18", "per_rank_batch_size": 32, "image_size": 224},
+    result = {"config": {"model": "resnet18", "dataset": "synthetic", "batch_size": 32, "per_rank_batch_size": 32,
+                         "image_size": 224},
               "ranks": [{"phases_ms": {"compute": 90.0, "optimizer": 5.0, "other": 1.0, "data": 0.5, "sync": 0.0}}]}
     (tmp_path / "one.json").write_text(json.dumps(result))
     run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
                           str(tmp_path / "one.json"), "--parameters", "11689512", "--gpus", "4", "64",
-                          "--json", str(tmp_path / "p.json")], capture_output=True, text=True, cwd=REPO, timeout=60)
+                          "--json", str(tmp_path / "p.json"), "--png", str(tmp_path / "p.png")],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
     assert run.returncode == 0, run.stderr
     rows = json.loads((tmp_path / "p.json").read_text())["rows"]
     assert [(r["backend"], r["gpus"]) for r in rows] == [("horovod", 4), ("horovod", 64), ("ddp", 4), ("ddp", 64)]
     assert rows[0]["images_per_s"] == pytest.approx(4 * 32 / 0.096, rel=0.05) and "blind to stragglers" in run.stdout
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    # The study that would check it: node counts of whole nodes, the measured run's model and data.
+    assert "python -m hvdtrain.compare --nodes 1,16 --backends horovod-torch,ddp --train-args '--model resnet18 " \
+           "--dataset synthetic --batch-size 32 --image-size 224' --out study -- --preset juwels-booster" in run.stdout
     missing = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
                               str(tmp_path / "none.json")], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert missing.returncode == 2 and "not a readable hvdtrain result file" in missing.stderr + missing.stdout

@@ -35,6 +35,10 @@ def test_a_resume_from_shards_mid_epoch_ends_with_the_uninterrupted_weights(shar
     # A CPU, a core per rank: its worker normalises, no feeder thread competes for the core.
     assert whole["images_normalised_in"] == "decode workers" and whole["feeder_thread"] is False
     assert whole["history"][-1]["val_count"] == VAL
+    # What a step allreduces, for hvdtrain.predict: the model's trainable parameters' bytes.
+    from hvdtrain.torch.models import build_model
+    built = build_model("mnist_cnn", 3, 10, 16)
+    assert whole["gradient_bytes"] == 4 * sum(p.numel() for p in built.parameters()), whole["gradient_bytes"]
     assert len({r["param_checksum"] for r in whole["ranks"]}) == 1, whole["ranks"]
     # 200 images, 2 ranks, batch 8: 12 steps an epoch; stopped at step 5 of epoch 2.
     part = train(tmp_path, shard_dir, "part", "--checkpoint-dir", str(tmp_path / "part"), "--steps", "17")

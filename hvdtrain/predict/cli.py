@@ -6,8 +6,7 @@ profile, under Horovod and DDP.
     python -m hvdtrain.predict --cluster juwels-booster --from-result one.json --gpus 4 16 64 256
     python -m hvdtrain.predict --anchors        # the published figures the model reproduces
 
-The gradient bytes come from the model's parameters (built from the result's config, or
---parameters); the input pipeline and the file system enter where given (--input-ms, a GPU's
+The gradient bytes are the trainer's count in its result file (or --parameters x 4); the input pipeline and the file system enter where given (--input-ms, a GPU's
 batch through its decode workers; --sample-kb with the profile's file-system rates)."""
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ IMAGENET_TRAIN = 1_281_167
 
 def workload_from_result(path: str, parameters: int | None, input_ms: float, sample_kb: float) -> model.Workload:
     """One GPU's step from a trainer's result file: rank 0's phases (compute: forward and backward;
-    optimizer), its batch, and the model's gradient bytes."""
+    the rest of the step but the exchange: the optimizer, the wait for data, the bookkeeping), its
+    batch, and the model's gradient bytes."""
     try:
         with open(path) as f:
             result = json.load(f)
@@ -37,22 +37,26 @@ def workload_from_result(path: str, parameters: int | None, input_ms: float, sam
             from None
     if not phases or not phases.get("compute"):
         raise UsageError(f"--from-result {path}: no step phases in it (a run with timed steps is needed)")
-    if parameters is None:
-        parameters = count_parameters(cfg)
+    if parameters is not None:
+        gradient_bytes = 4 * parameters
+    elif result.get("gradient_bytes"):  # the trainer's own count of what it allreduces
+        gradient_bytes = int(result["gradient_bytes"])
+    else:
+        raise UsageError(f"--from-result {path}: it does not say its gradient bytes (an older hvdtrain, or "
+                         "TensorFlow's trainer): give --parameters")
     return model.Workload(batch=batch, compute_s=phases["compute"] / 1e3,
-                          optimizer_s=(phases.get("optimizer", 0.0) + phases.get("other", 0.0)) / 1e3,
-                          gradient_bytes=4 * parameters, input_s=input_ms / 1e3, sample_bytes=sample_kb * 1024)
+                          optimizer_s=sum(phases.get(k, 0.0) for k in ("optimizer", "other", "data")) / 1e3,
+                          gradient_bytes=gradient_bytes, input_s=input_ms / 1e3, sample_bytes=sample_kb * 1024)
 
 
-def count_parameters(cfg: dict) -> int:
-    from hvdtrain.torch.models import build_model
-
-    try:
-        built = build_model(cfg["model"], 3, cfg.get("num_classes") or 1000, cfg["image_size"])
-    except Exception as err:  # noqa: BLE001 - one line: give --parameters
-        raise UsageError(f"cannot build model {cfg.get('model')!r} to count its parameters ({type(err).__name__}: "
-                         f"{err}): give --parameters") from None
-    return sum(p.numel() for p in built.parameters() if p.requires_grad)
+def trainer_args(path: str) -> list[str]:
+    """The measured run's model and data as trainer options (the study trains the same)."""
+    with open(path) as f:
+        cfg = json.load(f)["config"]
+    args = ["--model", str(cfg["model"]), "--dataset", str(cfg["dataset"]), "--batch-size", str(cfg["batch_size"])]
+    if cfg.get("data_dir"):
+        args += ["--data-dir", str(cfg["data_dir"])]
+    return args + (["--image-size", str(cfg["image_size"])] if cfg.get("image_size") else [])
 
 
 def predict(work: model.Workload, cluster: model.Cluster, gpus: list[int], backends: list[str], samples: int,
@@ -81,6 +85,50 @@ def table(prediction: dict) -> str:
     return "\n".join(lines)
 
 
+def check_command(prediction: dict, cluster: model.Cluster, trainer_args: list[str]) -> str:
+    """The scaling study that checks the prediction on the cluster (hvdtrain.compare's, on Slurm)."""
+    import shlex
+
+    nodes = sorted({max(1, r["gpus"] // cluster.gpus_per_node) for r in prediction["rows"]
+                    if r["gpus"] % cluster.gpus_per_node == 0})
+    backends = ",".join({"horovod": "horovod-torch", "ddp": "ddp"}[b] for b in dict.fromkeys(
+        r["backend"] for r in prediction["rows"]))
+    preset = f" --preset {cluster.slurm_preset}" if cluster.slurm_preset else ""
+    return (f"check it on the cluster: python -m hvdtrain.compare --nodes {','.join(map(str, nodes)) or '1'} "
+            f"--backends {backends} --train-args {shlex.quote(' '.join(trainer_args))} --out study --{preset} "
+            "--account ... --time 30")
+
+
+def plot(prediction: dict, path: str) -> None:
+    """img/s against the ideal, and E(N), for each backend: a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, eff) = plt.subplots(1, 2, figsize=(10, 4))
+    for backend in dict.fromkeys(r["backend"] for r in prediction["rows"]):
+        rows = [r for r in prediction["rows"] if r["backend"] == backend]
+        gpus = [r["gpus"] for r in rows]
+        rate.plot(gpus, [r["images_per_s"] for r in rows], "o-", label=backend)
+        eff.plot(gpus, [r["efficiency"] for r in rows], "o-", label=backend)
+    first = prediction["rows"][0]
+    one_gpu = first["images_per_s"] / first["efficiency"] / first["gpus"]  # E(N) is against one GPU
+    ideal = [one_gpu * n for n in sorted({r["gpus"] for r in prediction["rows"]})]
+    rate.plot(sorted({r["gpus"] for r in prediction["rows"]}), ideal, "k:", label="ideal")
+    for ax, label in ((rate, "img/s"), (eff, "E(N)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    rate.set_yscale("log")
+    eff.set_ylim(0, 1.05)
+    fig.suptitle(f"predicted on {prediction['cluster']} (hvdtrain.predict)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def anchor_table() -> str:
     lines = ["Horovod's published scaling (tf_cnn_benchmarks, 4 Pascal GPUs a server, 25 Gbit/s RoCE), reproduced:",
              f"{'model':14s} {'GPUs':>5s} {'published':>9s} {'predicted':>9s} {'points':>7s}"]
@@ -94,8 +142,8 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cluster", help=f"a profile ({', '.join(profiles.names())}) or your own .toml")
     p.add_argument("--from-result", help="a result file of python -m hvdtrain.torch on one GPU (--result-json)")
-    p.add_argument("--parameters", type=int, help="the model's trainable parameters (default: counted from the "
-                                                  "result's model)")
+    p.add_argument("--parameters", type=int, help="the model's trainable parameters, float32 gradients (default: "
+                                                  "the result file's gradient bytes)")
     p.add_argument("--gpus", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512])
     p.add_argument("--backends", nargs="+", default=["horovod", "ddp"], choices=sorted(EXCHANGES))
     p.add_argument("--samples", type=int, default=IMAGENET_TRAIN, help="samples an epoch (default: ImageNet's)")
@@ -103,6 +151,7 @@ def main(argv=None) -> None:
     p.add_argument("--input-ms", type=float, default=0.0, help="one GPU's batch through its decode workers, ms")
     p.add_argument("--sample-kb", type=float, default=0.0, help="KiB read from the file system per sample")
     p.add_argument("--json", help="the prediction as JSON here")
+    p.add_argument("--png", help="img/s and E(N) against GPUs, plotted here")
     p.add_argument("--anchors", action="store_true", help="the published figures the model reproduces")
     args = p.parse_args(argv)
     try:
@@ -117,6 +166,9 @@ def main(argv=None) -> None:
         work = workload_from_result(args.from_result, args.parameters, args.input_ms, args.sample_kb)
         prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs)
         print(table(prediction))
+        print(check_command(prediction, cluster, trainer_args(args.from_result)))
+        if args.png:
+            plot(prediction, args.png)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(prediction, f, indent=2)

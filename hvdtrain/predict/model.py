@@ -40,6 +40,7 @@ class Cluster:
     inter_latency_s: float = 10e-6
     fs_node_gbs: float = math.inf       # the file system's read rate one node gets, GB/s
     fs_aggregate_gbs: float = math.inf  # all nodes together, GB/s
+    slurm_preset: str = ""      # hvdtrain.slurm's --preset for its nodes ("": none)
     sources: tuple[str, ...] = ()
 
 
@@ -48,10 +49,11 @@ class Exchange:
     """How a backend exchanges gradients: its buckets and its per-bucket overhead."""
     name: str
     bucket_bytes: int           # Horovod: the fusion threshold (64 MiB); DDP: bucket_cap_mb (25 MiB)
-    overhead_s: float = 0.0     # per bucket: Horovod's half cycle (cycle time 5 ms -> 2.5 ms on average)
+    overhead_s: float = 0.0     # per bucket: Horovod's half cycle (a bucket waits for the next cycle)
 
 
-HOROVOD = Exchange("horovod", 64 * 2**20, 0.0025)
+# Horovod's 64 MiB fusion buffer and its 1 ms cycle (hvdtrain/cluster/tuning.py keeps it).
+HOROVOD = Exchange("horovod", 64 * 2**20, 0.0005)
 DDP = Exchange("ddp", 25 * 2**20, 0.0)
 
 
@@ -60,7 +62,7 @@ class Workload:
     """One GPU's measured step and what the data costs."""
     batch: int                    # samples per GPU per step
     compute_s: float              # forward + backward, one GPU
-    optimizer_s: float            # the optimizer step (and what follows the exchange)
+    optimizer_s: float            # the rest of the step but the exchange: the optimizer, data waits, bookkeeping
     gradient_bytes: int           # what is allreduced a step (parameters x bytes per gradient)
     backward_fraction: float = 2 / 3  # the backward's share of compute: when gradients appear
     input_s: float = 0.0          # one GPU's batch through its decode workers (0: in memory)

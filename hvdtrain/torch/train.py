@@ -216,7 +216,10 @@ class Trainer(EpochTrainer):
         train = self.loader_plans["train"]
         return {"cuda_math": self.cuda_math, "feeder_thread": train.feeder_thread,
                 "images_normalised_in": "the step's process" if train.normalised_in == "device" else train.normalised_in,
-                "crops": images.crops_check(self.train_ds, self.cfg.seed)}  # the comparison's check
+                "crops": images.crops_check(self.train_ds, self.cfg.seed),  # the comparison's check
+                # What a step allreduces (hvdtrain.predict's exchange): the trainable parameters' bytes.
+                "gradient_bytes": sum(p.numel() * p.element_size() for p in self.raw_model.parameters()
+                                      if p.requires_grad)}
 
     def _average_statistics(self) -> None:
         self.backend.average_buffers(self.raw_model)
