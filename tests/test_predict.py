@@ -1,6 +1,7 @@
 """The scaling model's pieces (hvdtrain/predict): each a known input with its known answer."""
 import json
 import math
+import re
 import subprocess
 
 import pytest
@@ -91,3 +92,27 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
     missing = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
                               str(tmp_path / "none.json")], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert missing.returncode == 2 and "not a readable hvdtrain result file" in missing.stderr + missing.stdout
+
+
+def test_the_input_measured_through_the_trainers_loader_can_bound_the_prediction(tmp_path):
+    """--measure-input: images/sec a decode worker on the result's own data (the trainer's loader),
+    the bytes a sample, the file system's read rate; a model whose step is shorter than its input
+    is called data-bound."""
+    folder = tmp_path / "digits"
+    subprocess.run([PYTHON, "-m", "hvdtrain.data.datasets", "make-digits-folder", str(folder), "--per-class-train",
+                    "20", "--per-class-val", "2", "--format", "jpg"], check=True, cwd=REPO, capture_output=True)
+    result = {"config": {"model": "mnist_cnn", "dataset": "imagefolder", "data_dir": str(folder), "image_size": 32,
+                         "batch_size": 16, "per_rank_batch_size": 16},
+              "gradient_bytes": 200_000,
+              "ranks": [{"phases_ms": {"compute": 0.05, "optimizer": 0.01, "other": 0.0, "data": 0.0, "sync": 0.0}}]}
+    (tmp_path / "one.json").write_text(json.dumps(result))
+    run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "jean-zay-v100", "--from-result",
+                          str(tmp_path / "one.json"), "--measure-input", "--gpus", "4", "--backends", "ddp",
+                          "--json", str(tmp_path / "p.json")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"measured here: \d+ images/s a decode worker \(1 worker\(s\)\), 9 a GPU on jean-zay-v100; \d+ "
+                     r"KiB a sample; the file system read at [\d.]+ GB/s", run.stdout), run.stdout
+    prediction = json.loads((tmp_path / "p.json").read_text())
+    # Small files: their decoding or their reading bounds a step of 0.06 ms, not its compute.
+    assert prediction["rows"][0]["bound"] in ("input", "file system") and prediction["workload"]["input_s"] > 0.00006
+    assert prediction["workload"]["sample_bytes"] > 100

@@ -59,6 +59,34 @@ def trainer_args(path: str) -> list[str]:
     return args + (["--image-size", str(cfg["image_size"])] if cfg.get("image_size") else [])
 
 
+def measured_input(path: str, work: model.Workload, cluster: model.Cluster) -> tuple[model.Workload, model.Cluster]:
+    """The workload's input time and bytes a sample, and the profile's node read rate (unless it
+    gives one), measured on the result's training data (hvdtrain/predict/measure.py)."""
+    import os
+
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.predict import measure
+
+    with open(path) as f:
+        saved = json.load(f)["config"]
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in saved.items() if k in fields})
+    if cfg.dataset not in ("imagefolder", "shards"):
+        raise UsageError(f"--measure-input reads image files: the result's --dataset is {cfg.dataset}")
+    workers_per_gpu = max(1, cluster.cores_per_gpu - 1)  # the trainer's default: the cores less one
+    here = max(1, min((os.cpu_count() or 2) - 1, workers_per_gpu))
+    per_worker, samples = measure.decode_rate(cfg, here)
+    files = measure.data_files(cfg)
+    sample_bytes = sum(os.path.getsize(p) for p in files) / max(1, samples)
+    node_gbs = measure.read_rate(files)
+    print(f"measured here: {per_worker:.0f} images/s a decode worker ({here} worker(s)), {workers_per_gpu} a GPU on "
+          f"{cluster.name}; {sample_bytes / 1024:.0f} KiB a sample; the file system read at {node_gbs:.2f} GB/s")
+    work = dataclasses.replace(work, input_s=work.batch / (per_worker * workers_per_gpu), sample_bytes=sample_bytes)
+    if cluster.fs_node_gbs == float("inf") and node_gbs > 0:
+        cluster = dataclasses.replace(cluster, fs_node_gbs=node_gbs)
+    return work, cluster
+
+
 def predict(work: model.Workload, cluster: model.Cluster, gpus: list[int], backends: list[str], samples: int,
             epochs: int) -> dict:
     rows = []
@@ -150,6 +178,9 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=90)
     p.add_argument("--input-ms", type=float, default=0.0, help="one GPU's batch through its decode workers, ms")
     p.add_argument("--sample-kb", type=float, default=0.0, help="KiB read from the file system per sample")
+    p.add_argument("--measure-input", action="store_true",
+                   help="measure the result's training data here, through the trainer's loader: images/sec a decode "
+                        "worker and the file system's read rate (run it on a compute node of the cluster)")
     p.add_argument("--json", help="the prediction as JSON here")
     p.add_argument("--png", help="img/s and E(N) against GPUs, plotted here")
     p.add_argument("--anchors", action="store_true", help="the published figures the model reproduces")
@@ -164,6 +195,8 @@ def main(argv=None) -> None:
             raise UsageError("--gpus: counts of at least 1")
         cluster = profiles.load(args.cluster)
         work = workload_from_result(args.from_result, args.parameters, args.input_ms, args.sample_kb)
+        if args.measure_input:
+            work, cluster = measured_input(args.from_result, work, cluster)
         prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs)
         print(table(prediction))
         print(check_command(prediction, cluster, trainer_args(args.from_result)))
