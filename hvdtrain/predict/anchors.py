@@ -22,7 +22,7 @@ UBER_2017 = Cluster("horovod-benchmark-servers", gpus_per_node=4, cores_per_gpu=
                     sources=("Horovod documentation, Benchmarks: 4 Pascal GPUs a server, RoCE-capable 25 Gbit/s",))
 
 # Horovod as it was benchmarked: 64 MiB fusion buffers, a 5 ms cycle (an assumption: its cycle's default then).
-HOROVOD_2017 = Exchange("horovod", 64 * 2**20, 0.0025)
+HOROVOD_2017 = Exchange("horovod", 64 * 2**20, cycle_s=0.005)
 
 P100_IMAGES_PER_S = {"inception_v3": 142.0, "resnet101": 129.0, "vgg16": 154.0}
 PARAMETERS = {"inception_v3": 23_851_784, "resnet101": 44_707_176, "vgg16": 138_357_544}

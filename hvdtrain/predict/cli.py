@@ -31,10 +31,15 @@ def workload_from_result(path: str, parameters: int | None, input_ms: float, sam
             result = json.load(f)
         rank = result["ranks"][0]
         phases, cfg = rank["phases_ms"], result["config"]
-        batch = cfg["per_rank_batch_size"]
+        # A step's samples: a rank's batch, times the backward passes it accumulates.
+        batch = cfg["per_rank_batch_size"] * cfg.get("batches_per_allreduce", 1)
+        ranks = result.get("world_size", len(result["ranks"]))
     except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
         raise UsageError(f"--from-result {path}: not a readable hvdtrain result file ({type(err).__name__}: {err})") \
             from None
+    if ranks != 1:
+        raise UsageError(f"--from-result {path}: a run of {ranks} ranks; the prediction starts from one GPU's run "
+                         "(its exchange and contention are what the model adds)")
     if not phases or not phases.get("compute"):
         raise UsageError(f"--from-result {path}: no step phases in it (a run with timed steps is needed)")
     if parameters is not None:
@@ -44,19 +49,34 @@ def workload_from_result(path: str, parameters: int | None, input_ms: float, sam
     else:
         raise UsageError(f"--from-result {path}: it does not say its gradient bytes (an older hvdtrain, or "
                          "TensorFlow's trainer): give --parameters")
-    return model.Workload(batch=batch, compute_s=phases["compute"] / 1e3,
-                          optimizer_s=sum(phases.get(k, 0.0) for k in ("optimizer", "other", "data")) / 1e3,
-                          gradient_bytes=gradient_bytes, input_s=input_ms / 1e3, sample_bytes=sample_kb * 1024)
+    if cfg.get("fp16_allreduce"):
+        gradient_bytes //= 2  # compressed to fp16 for the allreduce
+    serial = sum(phases.get(k, 0.0) for k in ("optimizer", "other")) / 1e3
+    data = phases.get("data", 0.0) / 1e3
+    compute = phases["compute"] / 1e3
+    input_s = input_ms / 1e3
+    if data > 0.2 * (compute + serial + data):  # the run waited on its input: that path took the step
+        input_s = max(input_s, compute + serial + data)
+    else:  # short waits, in series with the step
+        serial += data
+    return model.Workload(batch=batch, compute_s=compute, optimizer_s=serial, gradient_bytes=gradient_bytes,
+                          input_s=input_s, sample_bytes=sample_kb * 1024)
 
 
 def trainer_args(path: str) -> list[str]:
     """The measured run's model and data as trainer options (the study trains the same)."""
     with open(path) as f:
         cfg = json.load(f)["config"]
-    args = ["--model", str(cfg["model"]), "--dataset", str(cfg["dataset"]), "--batch-size", str(cfg["batch_size"])]
-    if cfg.get("data_dir"):
-        args += ["--data-dir", str(cfg["data_dir"])]
-    return args + (["--image-size", str(cfg["image_size"])] if cfg.get("image_size") else [])
+    args = []
+    for key, default in (("model", None), ("dataset", None), ("data_dir", None), ("batch_size", None),
+                         ("image_size", None), ("batches_per_allreduce", 1), ("amp", "off"), ("channels_last", "auto"),
+                         ("fp16_allreduce", False)):
+        value = cfg.get(key, default)
+        if value is True:
+            args.append("--" + key.replace("_", "-"))
+        elif value not in (None, default, False):
+            args += ["--" + key.replace("_", "-"), str(value)]
+    return args
 
 
 def measured_input(path: str, work: model.Workload, cluster: model.Cluster) -> tuple[model.Workload, model.Cluster]:
@@ -74,11 +94,14 @@ def measured_input(path: str, work: model.Workload, cluster: model.Cluster) -> t
     if cfg.dataset not in ("imagefolder", "shards"):
         raise UsageError(f"--measure-input reads image files: the result's --dataset is {cfg.dataset}")
     workers_per_gpu = max(1, cluster.cores_per_gpu - 1)  # the trainer's default: the cores less one
-    here = max(1, min((os.cpu_count() or 2) - 1, workers_per_gpu))
-    per_worker, samples = measure.decode_rate(cfg, here)
+    here = max(1, min(len(os.sched_getaffinity(0)) - 1, workers_per_gpu))  # the cores this job may use
     files = measure.data_files(cfg)
+    if not files:
+        raise UsageError(f"--measure-input: no training files under {cfg.data_dir}")
+    # The read first, before the decoding has the files in a cache; as many readers as a node's workers.
+    node_gbs = measure.read_rate(files, min(32, workers_per_gpu * cluster.gpus_per_node))
+    per_worker, samples = measure.decode_rate(cfg, here)
     sample_bytes = sum(os.path.getsize(p) for p in files) / max(1, samples)
-    node_gbs = measure.read_rate(files)
     print(f"measured here: {per_worker:.0f} images/s a decode worker ({here} worker(s)), {workers_per_gpu} a GPU on "
           f"{cluster.name}; {sample_bytes / 1024:.0f} KiB a sample; the file system read at {node_gbs:.2f} GB/s")
     work = dataclasses.replace(work, input_s=work.batch / (per_worker * workers_per_gpu), sample_bytes=sample_bytes)
@@ -117,8 +140,7 @@ def check_command(prediction: dict, cluster: model.Cluster, trainer_args: list[s
     """The scaling study that checks the prediction on the cluster (hvdtrain.compare's, on Slurm)."""
     import shlex
 
-    nodes = sorted({max(1, r["gpus"] // cluster.gpus_per_node) for r in prediction["rows"]
-                    if r["gpus"] % cluster.gpus_per_node == 0})
+    nodes = sorted({-(-r["gpus"] // cluster.gpus_per_node) for r in prediction["rows"]})  # whole nodes
     backends = ",".join({"horovod": "horovod-torch", "ddp": "ddp"}[b] for b in dict.fromkeys(
         r["backend"] for r in prediction["rows"]))
     preset = f" --preset {cluster.slurm_preset}" if cluster.slurm_preset else ""
@@ -197,6 +219,9 @@ def main(argv=None) -> None:
         work = workload_from_result(args.from_result, args.parameters, args.input_ms, args.sample_kb)
         if args.measure_input:
             work, cluster = measured_input(args.from_result, work, cluster)
+        if work.sample_bytes and cluster.fs_node_gbs == float("inf") and cluster.fs_aggregate_gbs == float("inf"):
+            print(f"(--sample-kb: {cluster.name} gives no file-system rate, so the file system is not modelled; "
+                  "--measure-input measures this node's, or set fs_node_gbs and fs_aggregate_gbs in a profile)")
         prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs)
         print(table(prediction))
         print(check_command(prediction, cluster, trainer_args(args.from_result)))

@@ -12,27 +12,35 @@ import os
 import time
 
 
-def decode_rate(cfg, workers: int, batches: int = 20) -> tuple[float, int]:
+def decode_rate(cfg, workers: int) -> tuple[float, int]:
     """(images a second one decode worker makes on cfg's training data, the samples there):
-    `workers` workers of the trainer's loader (hvdtrain/torch/loader.py) over `batches` batches
-    after their first."""
+    `workers` workers of the trainer's loader (hvdtrain/torch/loader.py), timed over 10 batches a
+    worker once the batches they made ahead while starting are taken. Planned for the GPU where
+    there is one (the workers then leave the normalisation to it, as in training)."""
     import dataclasses
 
     import torch
 
+    from hvdtrain.errors import UsageError
     from hvdtrain.torch import loader
     from hvdtrain.torch.workload import from_config
 
     cfg = dataclasses.replace(cfg, num_workers=workers)
     dataset = from_config(cfg).train_data
-    plan = loader.plan_loader(cfg, dataset, "train", torch.device("cpu"), feeder=False)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plan = loader.plan_loader(cfg, dataset, "train", device, feeder=False)
+    ahead, timed = 2 * max(1, workers), 10 * max(1, workers)  # the DataLoader's 2 a worker made ahead
     made = iter(loader.create_loader(plan, dataset, 0, 1, epoch=0))
     try:
-        next(made)  # the workers started, their first batch made
+        for _ in range(ahead):
+            next(made)
         started, images = time.perf_counter(), 0
-        for _, (x, _) in zip(range(batches), made):
-            images += len(x)
+        for _ in range(timed):
+            images += len(next(made)[0])
         seconds = time.perf_counter() - started
+    except StopIteration:
+        raise UsageError(f"--measure-input: the training data has fewer than {(ahead + timed) * plan.batch_size} "
+                         "samples, too few to measure a decode rate") from None
     finally:
         loader.close_loaders()
     return images / seconds / max(1, workers), len(dataset)
@@ -46,18 +54,31 @@ def data_files(cfg) -> list[str]:
     return sorted(p for p in glob.glob(os.path.join(root, "train", "*", "*")) if os.path.isfile(p))
 
 
-def read_rate(paths: list[str], limit_bytes: int = 2 * 2**30) -> float:
-    """GB/s read over the files (up to limit_bytes of them), the page cache dropped first."""
-    total, started = 0, time.perf_counter()
+def read_rate(paths: list[str], readers: int, limit_bytes: int = 2 * 2**30) -> float:
+    """GB/s `readers` threads read over the files (up to about limit_bytes of them), as many as a
+    node's decode workers read at once, each file's page cache dropped first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen, size = [], 0
     for path in paths:
+        chosen.append(path)
+        size += os.path.getsize(path)
+        if size >= limit_bytes:
+            break
+
+    def read(path: str) -> int:
+        n = 0
         with open(path, "rb", buffering=0) as f:
             try:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             except (AttributeError, OSError):
                 pass
             while chunk := f.read(4 * 2**20):
-                total += len(chunk)
-        if total >= limit_bytes:
-            break
+                n += len(chunk)
+        return n
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max(1, readers)) as pool:
+        total = sum(pool.map(read, chosen))
     seconds = time.perf_counter() - started
     return total / seconds / 1e9 if total and seconds > 0 else 0.0

@@ -11,8 +11,10 @@ Weak scaling (the batch per GPU fixed, as hvdtrain's --batch-size is): a step at
   appear through the backward, the last layers' first) and the channel is free: a ring
   allreduce of S bytes over n GPUs takes 2(n-1)/n x S / busbw + its latency (nccl-tests'
   bus-bandwidth definition; intra-node bandwidth within a node, the network's across nodes);
-  Horovod adds half a cycle (its coordination round) per buffer. What ends after the backward
-  is exposed.
+  Horovod adds half a cycle (its coordination round) per buffer (it fuses what is ready each
+  cycle, up to its threshold: the model takes threshold-sized buffers, so it may under-state
+  Horovod's overlap for a long backward). What ends after the backward is exposed; the step is
+  called exchange-bound when that is over a fifth of it.
 - input: a GPU's decode workers at their measured rate each; file system: the node's share of
   the read rate and the file system's aggregate, at the bytes a sample takes.
 
@@ -41,19 +43,24 @@ class Cluster:
     fs_node_gbs: float = math.inf       # the file system's read rate one node gets, GB/s
     fs_aggregate_gbs: float = math.inf  # all nodes together, GB/s
     slurm_preset: str = ""      # hvdtrain.slurm's --preset for its nodes ("": none)
+    # Whether the exchange runs beside the backward: on GPUs (NCCL) it does; ranks on CPUs do its
+    # work on the cores the backward uses, and nothing overlaps.
+    overlap: bool = True
     sources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Exchange:
-    """How a backend exchanges gradients: its buckets and its per-bucket overhead."""
+    """How a backend exchanges gradients. DDP: fixed buckets, each allreduced once its gradients
+    are all there. Horovod (`cycle_s`): every cycle its background thread fuses what is ready and
+    not yet sent, up to the threshold, into one allreduce; the next waits for the channel."""
     name: str
-    bucket_bytes: int           # Horovod: the fusion threshold (64 MiB); DDP: bucket_cap_mb (25 MiB)
-    overhead_s: float = 0.0     # per bucket: Horovod's half cycle (a bucket waits for the next cycle)
+    bucket_bytes: int           # Horovod: the fusion threshold; DDP: bucket_cap_mb (25 MiB)
+    cycle_s: float = 0.0        # Horovod's cycle (0: fixed buckets)
 
 
-# Horovod's 64 MiB fusion buffer and its 1 ms cycle (hvdtrain/cluster/tuning.py keeps it).
-HOROVOD = Exchange("horovod", 64 * 2**20, 0.0005)
+# Horovod 0.28's 128 MiB fusion threshold and its 1 ms cycle (hvdtrain/cluster/tuning.py keeps both).
+HOROVOD = Exchange("horovod", 128 * 2**20, 0.001)
 DDP = Exchange("ddp", 25 * 2**20, 0.0)
 
 
@@ -75,25 +82,40 @@ def ring_allreduce_s(nbytes: float, gpus: int, cluster: Cluster) -> float:
         return 0.0
     nodes = math.ceil(gpus / cluster.gpus_per_node)
     busbw = cluster.intra_busbw_gbs if nodes == 1 else min(cluster.intra_busbw_gbs, cluster.inter_busbw_gbs)
-    per_node = min(gpus, cluster.gpus_per_node)
-    latency = 2 * (per_node - 1) * cluster.intra_latency_s + 2 * (nodes - 1) * cluster.inter_latency_s
+    # A ring's 2(n-1) steps, 2(nodes-1) of them across nodes (NCCL's own ring model counts so).
+    latency = (2 * (gpus - 1) - 2 * (nodes - 1)) * cluster.intra_latency_s + 2 * (nodes - 1) * cluster.inter_latency_s
     return 2 * (gpus - 1) / gpus * nbytes / (busbw * 1e9) + latency
 
 
 def exposed_exchange_s(work: Workload, gpus: int, cluster: Cluster, exchange: Exchange) -> float:
-    """The exchange's time after the backward ends: buckets ready evenly through the backward,
-    allreduced in order on one channel."""
-    if gpus <= 1:
+    """The exchange's time after the backward ends: gradients appear evenly through the backward
+    (the last layers' first) and are allreduced in order on one channel, in DDP's fixed buckets
+    or as Horovod fuses them each cycle."""
+    if gpus <= 1 or work.gradient_bytes <= 0:
         return 0.0
-    buckets = max(1, math.ceil(work.gradient_bytes / exchange.bucket_bytes))
-    backward = work.compute_s * work.backward_fraction
-    start_of_backward = work.compute_s - backward
-    done = 0.0
-    for i in range(buckets):
-        size = min(exchange.bucket_bytes, work.gradient_bytes - i * exchange.bucket_bytes)
-        ready = start_of_backward + backward * (i + 1) / buckets
-        done = max(done, ready) + ring_allreduce_s(size, gpus, cluster) + exchange.overhead_s
-    return max(0.0, done - work.compute_s)
+    backward = work.compute_s * work.backward_fraction if cluster.overlap else 0.0
+    begin = work.compute_s - backward
+
+    def ready(t: float) -> float:  # bytes of gradients the backward has produced by time t
+        return work.gradient_bytes * min(1.0, max(0.0, (t - begin) / backward)) if backward > 0 else work.gradient_bytes
+
+    sent, t = 0.0, begin
+    if not exchange.cycle_s:  # fixed buckets: each when its last gradient is there
+        while sent < work.gradient_bytes:
+            size = min(exchange.bucket_bytes, work.gradient_bytes - sent)
+            t = max(t, begin + backward * (sent + size) / work.gradient_bytes) + ring_allreduce_s(size, gpus, cluster)
+            sent += size
+        return max(0.0, t - work.compute_s)
+    for _ in range(100_000):  # Horovod: a cycle's fused allreduce of what is ready, on a free channel
+        if sent >= work.gradient_bytes - 1:
+            break
+        t = exchange.cycle_s * (math.floor(t / exchange.cycle_s) + 1)  # the next cycle
+        size = min(exchange.bucket_bytes, ready(t) - sent)
+        if size <= 0:
+            continue
+        t += ring_allreduce_s(size, gpus, cluster)
+        sent += size
+    return max(0.0, t - work.compute_s)
 
 
 @dataclass(frozen=True)

@@ -39,4 +39,10 @@ def load(name_or_path: str) -> Cluster:
         raise UsageError(f"--cluster {path}: " + "; ".join(
             ([f"unknown keys {', '.join(unknown)}"] if unknown else []) + ([f"missing {', '.join(missing)}"] if missing else [])))
     raw["sources"] = tuple(raw.get("sources", ()))
+    if not isinstance(raw.get("overlap", True), bool):
+        raise UsageError(f"--cluster {path}: overlap must be true or false")
+    wrong = [n for n, f in fields.items() if n in raw and f.type in ("int", "float")
+             and not (isinstance(raw[n], (int, float)) and not isinstance(raw[n], bool) and raw[n] > 0)]
+    if wrong:
+        raise UsageError(f"--cluster {path}: {', '.join(wrong)} must be numbers above 0")
     return Cluster(**raw)
