@@ -34,6 +34,9 @@ class ThreadWrites:
         self.thread: threading.Thread | None = None
         self.failure: BaseException | None = None
 
+    def prepare(self) -> None:
+        """Nothing to start ahead: a thread is made for each write."""
+
     def start(self, path: str, write, signed: bool, keep: int, slow: float) -> None:
         self.failure = None
 
@@ -115,7 +118,7 @@ class Writer:
     def prepare(self) -> None:
         """Rank 0, at the start of a run with interval checkpoints: the background made ready now
         (torch's writer process starts while the run starts, not at the first checkpoint)."""
-        getattr(self.background, "prepare", lambda: None)()
+        self.background.prepare()
 
     def close(self) -> None:
         """The last write ended (its outcome kept for finish()), the background's resources freed."""

@@ -18,6 +18,7 @@ Inline writes (epoch ends, stops) serialise on rank 0's main thread, as before."
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import pickle
 import signal
@@ -43,17 +44,18 @@ class TorchState:
         self.state, self.model, self.optimizer = state, model, optimizer
 
     def __call__(self, f) -> None:
-        torch.save(_on_host(self.state), f)
+        # Device tensors copied to host memory, host ones as they are: serialised now.
+        torch.save(_tree_map(lambda t: t.detach().cpu(), self.state), f)
 
 
-def _on_host(state):
-    """`state` with device tensors copied to host memory (host ones as they are: serialised now)."""
-    if torch.is_tensor(state):
-        return state.detach().cpu()
+def _tree_map(fn, state, leaf=torch.is_tensor):
+    """`state` (dicts, lists and tuples of them) with each leaf replaced by fn(leaf)."""
+    if leaf(state):
+        return fn(state)
     if isinstance(state, dict):
-        return {k: _on_host(v) for k, v in state.items()}
+        return {k: _tree_map(fn, v, leaf) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(_on_host(v) for v in state)
+        return type(state)(_tree_map(fn, v, leaf) for v in state)
     return state
 
 
@@ -70,41 +72,29 @@ class _Slot:
 
 def _flatten(state, tensors: list):
     """`state` with each tensor replaced by a _Slot (appended to `tensors`, in order)."""
-    if torch.is_tensor(state):
-        tensors.append(state.detach())
+    def slot(t):
+        tensors.append(t.detach())
         return _Slot(len(tensors) - 1)
-    if isinstance(state, dict):
-        return {k: _flatten(v, tensors) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_flatten(v, tensors) for v in state)
-    return state
+    return _tree_map(slot, state)
 
 
-def _fill(skeleton, views: list):
-    if isinstance(skeleton, _Slot):
-        return views[skeleton.index]
-    if isinstance(skeleton, dict):
-        return {k: _fill(v, views) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(_fill(v, views) for v in skeleton)
-    return skeleton
+def _fill(skeleton, tensors: list):
+    """The state again, each _Slot replaced by its tensor."""
+    return _tree_map(lambda s: tensors[s.index], skeleton, leaf=lambda x: isinstance(x, _Slot))
 
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.split(".")[-1])
 
 
-def _views(flat: dict, layout: list) -> list:
-    """Each tensor's view of its dtype's flat buffer, in the state's order."""
-    views, offsets = [], dict.fromkeys(flat, 0)
+def _placements(layout: list):
+    """Each tensor's (dtype, shape, first element in its dtype's flat buffer, elements), in the
+    state's order: where the rank copies it and where the writer process reads it."""
+    offsets: dict[str, int] = {}
     for dtype, shape in layout:
-        numel = 1
-        for n in shape:
-            numel *= n
-        start = offsets[dtype]
-        views.append(flat[dtype][start:start + numel].view(shape))
+        start, numel = offsets.get(dtype, 0), math.prod(shape)
         offsets[dtype] = start + numel
-    return views
+        yield dtype, shape, start, numel
 
 
 def _buffer_file(nbytes: int) -> str:
@@ -192,12 +182,7 @@ class Staging:
 
     def _allocate(self, layout: list) -> None:
         self.release()
-        totals: dict[str, int] = {}
-        for dtype, shape in layout:
-            numel = 1
-            for n in shape:
-                numel *= n
-            totals[dtype] = totals.get(dtype, 0) + numel
+        totals = {dtype: start + numel for dtype, _, start, numel in _placements(layout)}  # the last's end
         for dtype, numel in totals.items():
             numel = max(numel, 1)
             path = _buffer_file(numel * _dtype(dtype).itemsize)
@@ -206,7 +191,8 @@ class Staging:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 self._pin(self.flat[dtype])
         self.layout = layout
-        self.views = _views(self.flat, layout)
+        self.views = [self.flat[dtype][start:start + numel].view(shape)
+                      for dtype, shape, start, numel in _placements(layout)]
 
     def _pin(self, buffer: torch.Tensor) -> None:
         """Page-locked, so that the side stream's copy is asynchronous (torch's pin_memory cannot
@@ -371,19 +357,14 @@ def _tensors_of(files: list, layout: list) -> list:
     import numpy as np
 
     where = {dtype: path for path, dtype, _ in files}
-    offsets = dict.fromkeys(where, 0)
     tensors = []
-    for dtype, shape in layout:
-        numel = 1
-        for n in shape:
-            numel *= n
+    for dtype, shape, start, numel in _placements(layout):
         size = _dtype(dtype).itemsize
         if numel == 0:
             tensors.append(torch.empty(shape, dtype=_dtype(dtype)))
             continue
-        raw = np.memmap(where[dtype], dtype=np.uint8, mode="r+", offset=offsets[dtype] * size, shape=(numel * size,))
+        raw = np.memmap(where[dtype], dtype=np.uint8, mode="r+", offset=start * size, shape=(numel * size,))
         tensors.append(torch.from_numpy(raw).view(_dtype(dtype)).reshape(shape))
-        offsets[dtype] += numel
     for path in where.values():
         os.unlink(path)  # mapped on both sides: nothing left behind in /dev/shm
     return tensors
