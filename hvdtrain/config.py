@@ -236,6 +236,12 @@ class TrainConfig:
                  global_batch_size=self.global_batch_size, lr=self.lr)
         return d
 
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """to_dict's inverse: a saved config (a result file's), its derived keys left out."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in fields})
+
     def with_world_size(self, world_size: int) -> "TrainConfig":
         return dataclasses.replace(self, world_size=world_size)
 

@@ -22,19 +22,31 @@ EXCHANGES = {"horovod": model.HOROVOD, "ddp": model.DDP}
 IMAGENET_TRAIN = 1_281_167
 
 
-def workload_from_result(path: str, parameters: int | None, input_ms: float, sample_kb: float) -> model.Workload:
+def load_result(path: str) -> dict:
+    """A trainer's result file, or one line saying why it is none."""
+    try:
+        with open(path) as f:
+            result = json.load(f)
+        if not isinstance(result, dict) or not isinstance(result.get("config"), dict):
+            raise ValueError("no config in it")
+        return result
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--from-result {path}: not a readable hvdtrain result file ({type(err).__name__}: {err})") \
+            from None
+
+
+def workload_from_result(result: dict, path: str, parameters: int | None, input_ms: float,
+                         sample_kb: float) -> model.Workload:
     """One GPU's step from a trainer's result file: rank 0's phases (compute: forward and backward;
     the rest of the step but the exchange: the optimizer, the wait for data, the bookkeeping), its
     batch, and the model's gradient bytes."""
     try:
-        with open(path) as f:
-            result = json.load(f)
         rank = result["ranks"][0]
         phases, cfg = rank["phases_ms"], result["config"]
         # A step's samples: a rank's batch, times the backward passes it accumulates.
         batch = cfg["per_rank_batch_size"] * cfg.get("batches_per_allreduce", 1)
         ranks = result.get("world_size", len(result["ranks"]))
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+    except (KeyError, IndexError, TypeError) as err:
         raise UsageError(f"--from-result {path}: not a readable hvdtrain result file ({type(err).__name__}: {err})") \
             from None
     if ranks != 1:
@@ -63,10 +75,8 @@ def workload_from_result(path: str, parameters: int | None, input_ms: float, sam
                           input_s=input_s, sample_bytes=sample_kb * 1024)
 
 
-def trainer_args(path: str) -> list[str]:
+def trainer_args(cfg: dict) -> list[str]:
     """The measured run's model and data as trainer options (the study trains the same)."""
-    with open(path) as f:
-        cfg = json.load(f)["config"]
     args = []
     for key, default in (("model", None), ("dataset", None), ("data_dir", None), ("batch_size", None),
                          ("image_size", None), ("batches_per_allreduce", 1), ("amp", "off"), ("channels_last", "auto"),
@@ -79,7 +89,7 @@ def trainer_args(path: str) -> list[str]:
     return args
 
 
-def measured_input(path: str, work: model.Workload, cluster: model.Cluster) -> tuple[model.Workload, model.Cluster]:
+def measured_input(saved: dict, work: model.Workload, cluster: model.Cluster) -> tuple[model.Workload, model.Cluster]:
     """The workload's input time and bytes a sample, and the profile's node read rate (unless it
     gives one), measured on the result's training data (hvdtrain/predict/measure.py)."""
     import os
@@ -87,10 +97,7 @@ def measured_input(path: str, work: model.Workload, cluster: model.Cluster) -> t
     from hvdtrain.config import TrainConfig
     from hvdtrain.predict import measure
 
-    with open(path) as f:
-        saved = json.load(f)["config"]
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in saved.items() if k in fields})
+    cfg = TrainConfig.from_dict(saved)
     if cfg.dataset not in ("imagefolder", "shards"):
         raise UsageError(f"--measure-input reads image files: the result's --dataset is {cfg.dataset}")
     workers_per_gpu = max(1, cluster.cores_per_gpu - 1)  # the trainer's default: the cores less one
@@ -216,15 +223,16 @@ def main(argv=None) -> None:
         if any(n < 1 for n in args.gpus):
             raise UsageError("--gpus: counts of at least 1")
         cluster = profiles.load(args.cluster)
-        work = workload_from_result(args.from_result, args.parameters, args.input_ms, args.sample_kb)
+        result = load_result(args.from_result)
+        work = workload_from_result(result, args.from_result, args.parameters, args.input_ms, args.sample_kb)
         if args.measure_input:
-            work, cluster = measured_input(args.from_result, work, cluster)
+            work, cluster = measured_input(result["config"], work, cluster)
         if work.sample_bytes and cluster.fs_node_gbs == float("inf") and cluster.fs_aggregate_gbs == float("inf"):
             print(f"(--sample-kb: {cluster.name} gives no file-system rate, so the file system is not modelled; "
                   "--measure-input measures this node's, or set fs_node_gbs and fs_aggregate_gbs in a profile)")
         prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs)
         print(table(prediction))
-        print(check_command(prediction, cluster, trainer_args(args.from_result)))
+        print(check_command(prediction, cluster, trainer_args(result["config"])))
         if args.png:
             plot(prediction, args.png)
         if args.json:

@@ -106,9 +106,7 @@ def exposed_exchange_s(work: Workload, gpus: int, cluster: Cluster, exchange: Ex
             t = max(t, begin + backward * (sent + size) / work.gradient_bytes) + ring_allreduce_s(size, gpus, cluster)
             sent += size
         return max(0.0, t - work.compute_s)
-    for _ in range(100_000):  # Horovod: a cycle's fused allreduce of what is ready, on a free channel
-        if sent >= work.gradient_bytes - 1:
-            break
+    while sent < work.gradient_bytes - 1:  # Horovod: a cycle's fused allreduce of what is ready, on a free channel
         t = exchange.cycle_s * (math.floor(t / exchange.cycle_s) + 1)  # the next cycle
         size = min(exchange.bucket_bytes, ready(t) - sent)
         if size <= 0:
