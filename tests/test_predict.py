@@ -96,7 +96,7 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     # The study that would check it: node counts of whole nodes, the measured run's model and data.
     assert "python -m hvdtrain.compare --nodes 1,16 --backends horovod-torch,ddp --train-args '--model resnet18 " \
-           "--dataset synthetic --batch-size 32 --image-size 224' --out study -- --preset juwels-booster" in run.stdout
+           "--dataset synthetic --batch-size 32' --out study -- --preset juwels-booster" in run.stdout
     def refused(changes: dict, *more) -> str:
         (tmp_path / "bad.json").write_text(json.dumps({**result, **changes}))
         run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
@@ -137,3 +137,109 @@ def test_the_input_measured_through_the_trainers_loader_can_bound_the_prediction
     # Small files: their decoding or their reading bounds a step of 0.06 ms, not its compute.
     assert prediction["rows"][0]["bound"] in ("input", "file system")
     assert prediction["workload"]["sample_bytes"] > 100
+
+
+def _doctor(ranks: int, hosts: int, devices: str = "cpu") -> dict:
+    """A doctor's --json: 64 KiB in 1.5 ms, 16 MiB in 10 ms."""
+    small, large = 65536, 16 * 2**20
+    return {"ranks": ranks, "hosts": [f"n{i}" for i in range(hosts)], "devices": [devices] * ranks, "problems": [],
+            "allreduce": [{"bytes": b, "seconds": t, "busbw_gbs": b / t / 1e9 * 2 * (ranks - 1) / ranks}
+                          for b, t in ((large, 0.010), (small, 0.0015))]}
+
+
+def test_the_doctors_figures_replace_a_profiles_estimates():
+    """One node: the bandwidth within a node and a ring step's latency (the small message less its
+    wire time and half of Horovod's 1 ms cycle, over 2(n-1) steps); two nodes: the network's (over
+    the 2(nodes-1) steps across them); overlap only where the ranks had GPUs."""
+    from hvdtrain.predict import node
+
+    here = node.measured_cluster(NODE, _doctor(4, 1, "GPU 0"))
+    busbw = 16 * 2**20 / 0.010 / 1e9 * 1.5
+    assert here.gpus_per_node == 4 and here.intra_busbw_gbs == pytest.approx(busbw) and here.overlap
+    assert here.intra_latency_s == pytest.approx((0.0015 - 0.0005 - 1.5 * 65536 / (busbw * 1e9)) / 6)
+    assert not node.measured_cluster(NODE, _doctor(4, 1)).overlap  # CPU ranks
+    net = node.measured_cluster(NODE, _doctor(2, 2))
+    assert net.gpus_per_node == 4 and net.intra_busbw_gbs == 100.0 and not net.overlap
+    assert net.inter_busbw_gbs == pytest.approx(16 * 2**20 / 0.010 / 1e9)
+    assert net.inter_latency_s == pytest.approx((0.0015 - 0.0005 - 65536 / (net.inter_busbw_gbs * 1e9)) / 2)
+    assert "measured: the doctor's allreduce over 2 ranks on 2 node(s)" in net.sources[-1]
+    with pytest.raises(UsageError, match="2 or more of each"):
+        node.measured_cluster(NODE, _doctor(1, 1))
+
+
+def _result(world: int, images_per_s: float, sync_ms: float, batch: int = 32) -> dict:
+    return {"world_size": world, "throughput": {"total_images_per_sec": images_per_s},
+            "config": {"per_rank_batch_size": batch},
+            "ranks": [{"phases_ms": {"compute": 90.0, "sync": sync_ms}} for _ in range(world)]}
+
+
+def test_the_check_states_the_error_and_the_share_of_the_exchange_hidden():
+    """Predicted against measured img/s; the exchange left after the backward (the trainer's
+    sync, the ranks' mean) against the exchange alone gives the share the backward hid."""
+    from hvdtrain.predict import check
+
+    work = model.Workload(batch=32, compute_s=0.09, optimizer_s=0.01, gradient_bytes=10**9)
+    cpu = model.Cluster("cpu", 2, 1, 10.0, 10.0, intra_latency_s=0.0, overlap=False)
+    [row] = check.check_rows(work, cpu, [("ddp", _result(2, 400.0, 25.0))])
+    alone = 2 * 1 / 2 * 10**9 / 10e9  # 0.1 s: nothing hidden on CPU ranks, so the step is 0.2 s
+    assert row["exchange_alone_ms"] == pytest.approx(1e3 * alone, rel=1e-3)
+    assert row["predicted_images_per_s"] == pytest.approx(2 * 32 / 0.2, rel=1e-3)
+    assert row["error"] == pytest.approx(320 / 400 - 1, rel=1e-3)
+    assert row["predicted_hidden"] == pytest.approx(0.0, abs=1e-6) and row["measured_hidden"] == pytest.approx(0.75)
+    assert "ddp          2      320.0      400.0  -20.0%" in check.check_table([row], "t")
+
+
+def test_a_studys_jobs_are_what_the_prediction_is_checked_against(tmp_path):
+    from hvdtrain.predict import check
+
+    jobs = []
+    for tag, backend, np, result in (("a", "horovod-torch", 1, _result(1, 100.0, 0.0)),
+                                     ("b", "horovod-torch", 4, _result(4, 380.0, 5.0)),
+                                     ("c", "horovod-tf", 4, _result(4, 300.0, 5.0)),
+                                     ("d", "ddp", 4, None)):  # not finished: no result file
+        path = tmp_path / f"{tag}.json"
+        if result:
+            path.write_text(json.dumps(result))
+        jobs.append({"tag": tag, "backend": backend, "np": np, "result_json": str(path)})
+    (tmp_path / "study.json").write_text(json.dumps({"jobs": jobs}))
+    [(backend, result)] = check.study_results(str(tmp_path), 32)
+    assert backend == "horovod" and result["throughput"]["total_images_per_sec"] == 380.0
+    with pytest.raises(UsageError, match="job b trained 32 samples a rank, the prediction's run 64"):
+        check.study_results(str(tmp_path), 64)
+    with pytest.raises(UsageError, match="not a scaling study's directory"):
+        check.study_results(str(tmp_path / "nowhere"), 32)
+
+
+def test_measure_refuses_to_run_as_ranks_of_a_launcher(monkeypatch):
+    from hvdtrain.predict import node
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    with pytest.raises(UsageError, match=r"run it once, not under a launcher \(OMPI_COMM_WORLD_RANK is set\)"):
+        node.refuse_under_launcher()
+
+
+@pytest.mark.slow
+def test_measure_runs_one_rank_the_doctor_and_two_ranks_of_each_backend_under_mpirun(tmp_path):
+    """--measure on this machine: one rank's step, the doctor's allreduce and 2 ranks under
+    Horovod and DDP (mpirun); the prediction starts from the first, the check holds the last
+    two's own figures, and the node is the doctor's (2 CPU ranks: no overlap)."""
+    out = tmp_path / "m"
+    run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "jean-zay-a100", "--measure",
+                          "--model mnist_cnn --dataset digits --batch-size 16", "--steps", "40", "--out", str(out),
+                          "--gpus", "8", "--json", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    prediction = json.loads((tmp_path / "p.json").read_text())
+    here = prediction["measured_here"]
+    doctor = json.loads((out / "doctor-2.json").read_text())
+    assert doctor["ranks"] == 2 and here["node"]["intra_busbw_gbs"] == doctor["allreduce"][-1]["busbw_gbs"] > 0
+    assert here["node"]["gpus_per_node"] == 2 and here["node"]["overlap"] is False
+    one = json.loads((out / "one.json").read_text())
+    assert one["world_size"] == 1 and prediction["workload"]["gradient_bytes"] == one["gradient_bytes"] > 0
+    for row in here["check"]:
+        result = json.loads((out / f"{row['backend']}-2.json").read_text())
+        assert result["world_size"] == 2 and result["config"]["backend"] == row["backend"]
+        assert row["measured_images_per_s"] == result["throughput"]["total_images_per_sec"]
+    assert [r["backend"] for r in here["check"]] == ["horovod", "ddp"]
+    assert "the model on this node (2 ranks), against its runs" in run.stdout
+    assert "jean-zay-a100's own figures within a node are kept" in run.stdout

@@ -166,6 +166,29 @@ def test_scaling_study_over_one_and_three_nodes(three_node_cluster, tmp_path):
             assert row["phases_ms"] is None
     assert "Horovod built with: " in table and "mpi_built" in table
 
+    # The prediction checked against the study: the network measured by the doctor over the three
+    # nodes (srun), the study's 1-node run as the one GPU's step, its 3-node run as the measurement.
+    doctor = run(["srun", "--mpi=pmix", "-N", "3", "-n", "3", "-t", "5", PYTHON, "-m", "hvdtrain.doctor",
+                  "--framework", "torch", "--json", str(tmp_path / "doctor.json")], env=env, cwd=REPO,
+                 timeout=180, check=False)
+    assert (tmp_path / "doctor.json").exists(), doctor.stdout[-3000:] + doctor.stderr[-3000:]
+    (tmp_path / "nodes.toml").write_text('name = "three namespace nodes"\ngpus_per_node = 1\ncores_per_gpu = 1\n'
+                                         'intra_busbw_gbs = 1.0\ninter_busbw_gbs = 1.0\noverlap = false\n')
+    one = next(m for m in report["measurements"] if m["backend"] == "horovod-torch" and m["nodes"] == 1)
+    three = next(m for m in report["measurements"] if m["backend"] == "horovod-torch" and m["nodes"] == 3)
+    predicted = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", str(tmp_path / "nodes.toml"),
+                                "--doctor", str(tmp_path / "doctor.json"), "--from-result", one["result_json"],
+                                "--gpus", "1", "3", "--backends", "horovod", "--check", str(out),
+                                "--json", str(tmp_path / "p.json")],
+                               capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert predicted.returncode == 0, predicted.stdout + predicted.stderr
+    print(predicted.stdout)
+    [checked] = json.loads((tmp_path / "p.json").read_text())["study_check"]
+    measured = json.loads(open(three["result_json"]).read())["throughput"]["total_images_per_sec"]
+    assert (checked["backend"], checked["gpus"], checked["measured_images_per_s"]) == ("horovod", 3, measured)
+    assert checked["error"] == pytest.approx(checked["predicted_images_per_s"] / measured - 1)
+    assert "across 3 nodes" in predicted.stdout and "the prediction against the study in" in predicted.stdout
+
     # The collection needs only the result files and is idempotent.
     again = study(env, "--collect", str(out), timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-fraction", type=_fraction, default=0.25,
                    help="a rank whose compute (or GPU copy) figure is more than this fraction below the "
                         "median of the ranks is a problem (0.25: 25 %% below)")
+    p.add_argument("--json", metavar="PATH",
+                   help="rank 0 also writes its findings here: ranks, hosts, the verdict's problems and each "
+                        "allreduce's size, seconds, algbw and busbw (hvdtrain.predict --measure reads it)")
     return p
 
 
@@ -256,6 +259,8 @@ def run(args) -> int:
         all_problems = _cross_checks(reports, args.slow_fraction)
         _print_report(reports, versions, built, controller, ops, errors, mpi_lib, applied, already, fw, all_problems,
                       args.slow_fraction)
+        if args.json:
+            _write_json(args.json, reports, all_problems)
         stage("done")
         verdict = 0 if not all_problems else 1
     else:
@@ -399,6 +404,20 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
     else:
         fws = ", ".join(sorted("hvdtrain.torch" if f == "torch" else "hvdtrain.tf" for f in ops))
         say(f"{PROG}: READY: {size} rank(s) on {len(hosts)} host(s) can train with {fws}")
+
+
+def _write_json(path: str, reports: list[dict], problems: list[str]) -> None:
+    """Rank 0's findings for programs (hvdtrain.predict): what the report says in its lines."""
+    import json
+
+    size = reports[0]["size"]
+    figures = [{"bytes": nbytes, "seconds": seconds, "through": "horovod",
+                **dict(zip(("algbw_gbs", "busbw_gbs"), bus_bandwidth(nbytes, seconds, size)))}
+               for nbytes, seconds in reports[0]["bandwidth"]]
+    with open(path, "w") as f:
+        json.dump({"ranks": size, "hosts": sorted({r["host"] for r in reports}),
+                   "devices": [r["device"] for r in reports], "ready": not problems, "problems": problems,
+                   "allreduce": figures}, f, indent=2)
 
 
 def _allreduce_line(nbytes: int, through: str, seconds: float, size: int) -> str:

@@ -4,7 +4,14 @@ profile, under Horovod and DDP.
 
     python -m hvdtrain.torch --model resnet50 --dataset synthetic --steps 200 --result-json one.json
     python -m hvdtrain.predict --cluster juwels-booster --from-result one.json --gpus 4 16 64 256
+    python -m hvdtrain.predict --cluster juwels-booster --measure "--model resnet50 --dataset synthetic"
+    python -m hvdtrain.predict --cluster juwels-booster --from-result one.json --check study/
     python -m hvdtrain.predict --anchors        # the published figures the model reproduces
+
+--measure runs, on the node it is started on (alone: it starts its own ranks), one rank's step,
+the doctor's allreduce and the same training on --ranks ranks under Horovod and DDP; it predicts
+from the first two and checks the model against the third on this node. --check sets the
+prediction beside a scaling study's measured jobs (hvdtrain.compare's directory) on the cluster.
 
 The gradient bytes are the trainer's count in its result file (or --parameters x 4); the input pipeline and the file system enter where given (--input-ms, a GPU's
 batch through its decode workers; --sample-kb with the profile's file-system rates)."""
@@ -16,9 +23,9 @@ import json
 import sys
 
 from hvdtrain.errors import UsageError, report_and_exit
-from hvdtrain.predict import anchors, model, profiles
+from hvdtrain.predict import anchors, check, model, profiles
 
-EXCHANGES = {"horovod": model.HOROVOD, "ddp": model.DDP}
+EXCHANGES = model.EXCHANGES
 IMAGENET_TRAIN = 1_281_167
 
 
@@ -76,16 +83,18 @@ def workload_from_result(result: dict, path: str, parameters: int | None, input_
 
 
 def trainer_args(cfg: dict) -> list[str]:
-    """The measured run's model and data as trainer options (the study trains the same)."""
+    """The measured run's model and data as trainer options (the study trains the same): the
+    model, the dataset, the batch, and each other that differs from the trainer's default."""
+    from hvdtrain.config import TrainConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     args = []
-    for key, default in (("model", None), ("dataset", None), ("data_dir", None), ("batch_size", None),
-                         ("image_size", None), ("batches_per_allreduce", 1), ("amp", "off"), ("channels_last", "auto"),
-                         ("fp16_allreduce", False)):
-        value = cfg.get(key, default)
-        if value is True:
-            args.append("--" + key.replace("_", "-"))
-        elif value not in (None, default, False):
-            args += ["--" + key.replace("_", "-"), str(value)]
+    for key in ("model", "dataset", "data_dir", "batch_size", "image_size", "batches_per_allreduce", "amp",
+                "channels_last", "compile", "fp16_allreduce"):
+        value = cfg.get(key, defaults.get(key))
+        if value in (None, False) or (value == defaults.get(key) and key not in ("model", "dataset", "batch_size")):
+            continue
+        args += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
     return args
 
 
@@ -186,6 +195,48 @@ def plot(prediction: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def measure_here(args) -> dict:
+    """--measure's runs on this node (hvdtrain/predict/node.py): their files, the node as a
+    cluster of its ranks, and the N-rank results by backend."""
+    import shlex
+
+    from hvdtrain.predict import node
+
+    ranks = args.ranks
+    if ranks is None:
+        import torch
+
+        ranks = max(2, torch.cuda.device_count())
+    if ranks < 2:
+        raise UsageError("--ranks: 2 or more (the exchange is what the runs of several ranks measure)")
+    runs = node.measure(shlex.split(args.measure), ranks, args.steps, args.out, node.launcher_here())
+    here = node.measured_cluster(profiles.load(args.cluster), node.load_json(runs["doctor"]))
+    return {"runs": runs, "node": here,
+            "results": [(backend, node.load_json(runs[backend])) for backend in ("horovod", "ddp")]}
+
+
+def doctor_figures(cluster: model.Cluster, path: str) -> model.Cluster:
+    """The profile with a doctor's measured figures (--doctor), said in one line."""
+    from hvdtrain.predict import node
+
+    try:
+        doctor = node.load_json(path)
+        hosts = len(doctor["hosts"])
+        measured = node.measured_cluster(cluster, doctor)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"--doctor {path}: not a file of python -m hvdtrain.doctor --json "
+                         f"({type(err).__name__}: {err})") from None
+    if hosts == 1:  # within a node: the figures only, the profile's node kept
+        print(f"(--doctor {path}: within a node {measured.intra_busbw_gbs:.2f} GB/s busbw, "
+              f"{measured.intra_latency_s * 1e6:.0f} us a ring step, measured)")
+        return dataclasses.replace(cluster, intra_busbw_gbs=measured.intra_busbw_gbs,
+                                   intra_latency_s=measured.intra_latency_s, overlap=cluster.overlap and measured.overlap,
+                                   sources=measured.sources)
+    print(f"(--doctor {path}: across {hosts} nodes {measured.inter_busbw_gbs:.2f} GB/s busbw, "
+          f"{measured.inter_latency_s * 1e6:.0f} us a ring step, measured)")
+    return measured
+
+
 def anchor_table() -> str:
     lines = ["Horovod's published scaling (tf_cnn_benchmarks, 4 Pascal GPUs a server, 25 Gbit/s RoCE), reproduced:",
              f"{'model':14s} {'GPUs':>5s} {'published':>9s} {'predicted':>9s} {'points':>7s}"]
@@ -210,6 +261,19 @@ def main(argv=None) -> None:
     p.add_argument("--measure-input", action="store_true",
                    help="measure the result's training data here, through the trainer's loader: images/sec a decode "
                         "worker and the file system's read rate (run it on a compute node of the cluster)")
+    p.add_argument("--measure", metavar="TRAIN_ARGS",
+                   help="measure here first, with these options of python -m hvdtrain.torch (e.g. \"--model resnet50 "
+                        "--dataset synthetic --batch-size 64\"): one rank's step, the doctor's allreduce and --ranks "
+                        "ranks under Horovod and DDP (the model's check on this node); instead of --from-result")
+    p.add_argument("--doctor", nargs="+", default=[], metavar="JSON",
+                   help="the doctor's measurements on the cluster (python -m hvdtrain.doctor --json) replace the "
+                        "profile's estimates: run on one node, the bandwidth within a node; on two, the network's")
+    p.add_argument("--ranks", type=int, help="ranks of --measure's runs (default: this node's GPUs, else 2)")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps of each --measure run")
+    p.add_argument("--out", default="predict", help="--measure's result files and logs go here")
+    p.add_argument("--check", metavar="STUDY_DIR",
+                   help="set the prediction beside a scaling study's measured jobs (python -m hvdtrain.compare's "
+                        "--out on the cluster): img/s, the exchange left exposed, the error")
     p.add_argument("--json", help="the prediction as JSON here")
     p.add_argument("--png", help="img/s and E(N) against GPUs, plotted here")
     p.add_argument("--anchors", action="store_true", help="the published figures the model reproduces")
@@ -218,20 +282,40 @@ def main(argv=None) -> None:
         if args.anchors:
             print(anchor_table())
             return
-        if not (args.cluster and args.from_result):
-            raise UsageError("give --cluster and --from-result (or --anchors)")
+        if not args.cluster or bool(args.from_result) == bool(args.measure):
+            raise UsageError("give --cluster and one of --from-result or --measure (or --anchors)")
         if any(n < 1 for n in args.gpus):
             raise UsageError("--gpus: counts of at least 1")
         cluster = profiles.load(args.cluster)
-        result = load_result(args.from_result)
-        work = workload_from_result(result, args.from_result, args.parameters, args.input_ms, args.sample_kb)
+        for path in args.doctor:
+            cluster = doctor_figures(cluster, path)
+        measured = measure_here(args) if args.measure else None
+        from_result = measured["runs"]["one"] if measured else args.from_result
+        result = load_result(from_result)
+        work = workload_from_result(result, from_result, args.parameters, args.input_ms, args.sample_kb)
+        if measured:
+            if measured["node"].overlap:  # GPU ranks: their figures are the cluster's node's
+                cluster = doctor_figures(cluster, measured["runs"]["doctor"])
+            else:
+                print(f"(measured on CPU ranks: {cluster.name}'s own figures within a node are kept; this node's "
+                      f"{measured['node'].intra_busbw_gbs:.2f} GB/s serves the check here only)")
+            measured["check"] = check.check_rows(work, measured["node"], measured["results"])
         if args.measure_input:
             work, cluster = measured_input(result["config"], work, cluster)
         if work.sample_bytes and cluster.fs_node_gbs == float("inf") and cluster.fs_aggregate_gbs == float("inf"):
             print(f"(--sample-kb: {cluster.name} gives no file-system rate, so the file system is not modelled; "
                   "--measure-input measures this node's, or set fs_node_gbs and fs_aggregate_gbs in a profile)")
         prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs)
+        if measured:
+            print(check.check_table(measured["check"], f"the model on {measured['node'].name}, against its runs "
+                                                       f"({args.out}):"))
+            prediction["measured_here"] = {"runs": measured["runs"], "node": dataclasses.asdict(measured["node"]),
+                                           "check": measured["check"]}
         print(table(prediction))
+        if args.check:
+            rows = check.check_rows(work, cluster, check.study_results(args.check, work.batch))
+            print(check.check_table(rows, f"the prediction against the study in {args.check}:"))
+            prediction["study_check"] = rows
         print(check_command(prediction, cluster, trainer_args(result["config"])))
         if args.png:
             plot(prediction, args.png)

@@ -62,6 +62,7 @@ class Exchange:
 # Horovod 0.28's 128 MiB fusion threshold and its 1 ms cycle (hvdtrain/cluster/tuning.py keeps both).
 HOROVOD = Exchange("horovod", 128 * 2**20, 0.001)
 DDP = Exchange("ddp", 25 * 2**20, 0.0)
+EXCHANGES = {"horovod": HOROVOD, "ddp": DDP}
 
 
 @dataclass(frozen=True)

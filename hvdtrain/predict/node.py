@@ -1,0 +1,110 @@
+"""`python -m hvdtrain.predict --measure`: what the prediction needs, measured on one node through
+hvdtrain's own commands, in a couple of minutes. Run it once, on the node (in a one-node Slurm
+allocation its ranks start with srun, elsewhere with mpirun):
+
+1. one rank's step: `python -m hvdtrain.torch <your options> --steps S --result-json one.json`
+   (data, forward+backward, optimizer; the gradient bytes), with the threads a rank has among N;
+2. the node's allreduce: `<launcher> -n N python -m hvdtrain.doctor --json`: the bus bandwidth
+   of its large message, and a ring step's latency from its small one;
+3. the same training on N ranks under Horovod and under DDP: what each left of its exchange after
+   the backward (the trainer's `sync`), hence the share of the exchange each hid behind it.
+
+The N-rank runs are the model's check on this node (hvdtrain/predict/check.py): predicted from 1
+and 2, against 3."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from hvdtrain.errors import UsageError
+from hvdtrain.launch import launch_command, launch_env
+from hvdtrain.predict import model
+
+RUN_TIMEOUT_S = 600
+
+
+def launcher_here() -> str:
+    """srun inside a Slurm allocation (its ranks on the allocated node), else mpirun."""
+    return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpirun"
+
+
+def refuse_under_launcher() -> None:
+    """--measure starts its own runs of 1 and N ranks: started as N ranks itself, each would."""
+    for rank_var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID", "HOROVOD_RANK"):
+        if rank_var in os.environ and not (rank_var == "SLURM_STEP_ID" and os.environ[rank_var] == "batch"):
+            raise UsageError(f"--measure: run it once, not under a launcher ({rank_var} is set): it starts its own "
+                             "runs of one and --ranks ranks (with srun inside an allocation, else mpirun)")
+
+
+def _run(what: str, cmd: list[str], out_file: str, log: str) -> None:
+    """One measuring run; its failure is one line with the run's own last line."""
+    print(f"measuring {what}: {' '.join(cmd)}", flush=True)
+    with open(log, "w") as f:
+        try:
+            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=launch_env(), timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"--measure: {what} did not end within {RUN_TIMEOUT_S} s (its log: {log})") from None
+    if not os.path.exists(out_file):
+        with open(log) as f:
+            lines = [line.strip() for line in f if line.strip()]
+        raise UsageError(f"--measure: {what} failed (exit {done.returncode}): {lines[-1] if lines else 'no output'} "
+                         f"(its log: {log})")
+
+
+def measure(train_args: list[str], ranks: int, steps: int, out: str, launcher: str) -> dict:
+    """Runs 1-3 above into `out`; their result files' paths."""
+    refuse_under_launcher()
+    os.makedirs(out, exist_ok=True)
+    if "--threads-per-rank" not in train_args:
+        # One rank's compute as a rank of N has it: on GPUs the GPU computes either way; on CPUs
+        # the N ranks share the node's cores, and the one-rank run must not have them all.
+        cores = len(os.sched_getaffinity(0))
+        train_args = [*train_args, "--threads-per-rank", str(max(1, cores // ranks))]
+    trainer = [sys.executable, "-m", "hvdtrain.torch", *train_args, "--steps", str(steps)]
+    files = {"one": os.path.join(out, "one.json"), "doctor": os.path.join(out, f"doctor-{ranks}.json"),
+             "horovod": os.path.join(out, f"horovod-{ranks}.json"), "ddp": os.path.join(out, f"ddp-{ranks}.json")}
+    prefix = launch_command(launcher, ranks)
+    _run("one rank's step", [*trainer, "--result-json", files["one"]], files["one"], os.path.join(out, "one.log"))
+    _run(f"the node's allreduce ({ranks} ranks)",
+         [*prefix, sys.executable, "-m", "hvdtrain.doctor", "--framework", "torch", "--json", files["doctor"]],
+         files["doctor"], os.path.join(out, "doctor.log"))
+    for backend in ("horovod", "ddp"):
+        _run(f"{ranks} ranks under {backend}",
+             [*prefix, *trainer, "--backend", backend, "--result-json", files[backend]],
+             files[backend], os.path.join(out, f"{backend}.log"))
+    return files
+
+
+def measured_cluster(profile: model.Cluster, doctor: dict) -> model.Cluster:
+    """The profile with the doctor's measured figures (its --json): on one node, the bandwidth and
+    latency within a node, and the node as a cluster of its ranks (the check of --measure); over
+    several nodes, the network's. Bandwidth: the large message's busbw; a ring step's latency: the
+    small message's time less its wire time and half of Horovod's cycle, over the ring's steps
+    (2(n-1), 2(nodes-1) of them across nodes). Overlap only where the ranks had GPUs."""
+    sizes = sorted(doctor["allreduce"], key=lambda a: a["bytes"])
+    small, large = sizes[0], sizes[-1]
+    n, hosts = doctor["ranks"], len(doctor["hosts"])
+    if n < 2 or len(sizes) < 2:
+        raise UsageError(f"the doctor's figures: {n} rank(s) and {len(sizes)} allreduce size(s); 2 or more of each "
+                         "are needed to measure an exchange")
+    busbw = large["busbw_gbs"]
+    wire = 2 * (n - 1) / n * small["bytes"] / (busbw * 1e9)
+    steps = 2 * (n - 1) if hosts == 1 else 2 * (hosts - 1)
+    latency = max(0.0, (small["seconds"] - model.HOROVOD.cycle_s / 2 - wire) / steps)
+    source = (f"measured: the doctor's allreduce over {n} ranks on {hosts} node(s), {large['bytes']} bytes at busbw "
+              f"{busbw:.2f} GB/s, {small['bytes']} bytes in {small['seconds'] * 1e3:.3f} ms")
+    on_gpus = all(d != "cpu" for d in doctor["devices"])
+    if hosts == 1:
+        return dataclasses.replace(profile, name=f"this node ({n} ranks)", gpus_per_node=n, intra_busbw_gbs=busbw,
+                                   intra_latency_s=latency, overlap=on_gpus, sources=(*profile.sources, source))
+    return dataclasses.replace(profile, inter_busbw_gbs=busbw, inter_latency_s=latency,
+                               overlap=profile.overlap and on_gpus, sources=(*profile.sources, source))
+
+
+def load_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
