@@ -38,6 +38,9 @@ def test_parity_of_losses_and_accuracy():
     loss_check, acc_check = report["checks"]
     assert not report["ok"] and loss_check["max_abs_loss_diff"] == pytest.approx(0.1) and not loss_check["ok"]
     assert acc_check["spread"] == pytest.approx(0.07) and not acc_check["ok"]
+    # A study collected while a job of the pair is still queued (no result yet): no check, no error.
+    queued = {"backend": "ddp", "np": 2, "state": "pending", "loss_log": None}
+    assert parity([run("horovod-torch", 2, 1.0), queued], [2], 3, 1e-5, 0.01, False) == {"checks": [], "ok": True}
 
 
 def test_every_backend_reports_the_crops_it_took_and_the_report_compares_them(tmp_path):

@@ -214,7 +214,8 @@ def test_measure_refuses_to_run_as_ranks_of_a_launcher(monkeypatch):
     from hvdtrain.predict import node
 
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
-    with pytest.raises(UsageError, match=r"run it once, not under a launcher \(OMPI_COMM_WORLD_RANK is set\)"):
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(UsageError, match=r"run it once, not as 2 ranks of openmpi"):
         node.refuse_under_launcher()
 
 

@@ -173,8 +173,9 @@ def reading(report: dict) -> list[str]:
 
 def parity(measurements: list[dict], nps: list[int], steps: int, loss_tol: float, acc_tol: float,
            check_accuracy: bool) -> dict:
-    def first(backend, np):
-        return next((m for m in measurements if m["backend"] == backend and m["np"] == np and "error" not in m), None)
+    def first(backend, np):  # a finished run's (a study's job still queued or running has no losses yet)
+        return next((m for m in measurements if m["backend"] == backend and m["np"] == np and "error" not in m
+                     and m.get("loss_log") is not None), None)
 
     checks = []
     for a, b in PARITY_PAIRS:

@@ -34,10 +34,12 @@ def launcher_here() -> str:
 
 def refuse_under_launcher() -> None:
     """--measure starts its own runs of 1 and N ranks: started as N ranks itself, each would."""
-    for rank_var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID", "HOROVOD_RANK"):
-        if rank_var in os.environ and not (rank_var == "SLURM_STEP_ID" and os.environ[rank_var] == "batch"):
-            raise UsageError(f"--measure: run it once, not under a launcher ({rank_var} is set): it starts its own "
-                             "runs of one and --ranks ranks (with srun inside an allocation, else mpirun)")
+    from hvdtrain.cluster.env import ClusterEnv
+
+    env = ClusterEnv.from_environ()
+    if env.world_size > 1:
+        raise UsageError(f"--measure: run it once, not as {env.world_size} ranks of {env.launcher}: it starts its own "
+                         "runs of one and --ranks ranks (with srun inside an allocation, else mpirun)")
 
 
 def _run(what: str, cmd: list[str], out_file: str, log: str) -> None:
