@@ -12,6 +12,9 @@ def test_launch_commands():
     assert launch_command("mpirun", 2) == ["mpirun", "-np", "2", "--bind-to", "none", "--oversubscribe"]
     assert launch_command("srun", 4, tag_output=True, time_limit_min=10) == [
         "srun", "--mpi=pmix", "-n", "4", "--label", "--kill-on-bad-exit=1", "-t", "10"]
+    # On as few nodes as the tasks per node make; a name by which a step left behind is cancelled.
+    assert launch_command("srun", 4, tasks_per_node=2, job_name="j")[:7] == [
+        "srun", "--job-name=j", "--mpi=pmix", "-n", "4", "-N2", "--ntasks-per-node=2"]
     assert launch_command("horovodrun", 2)[:3] == ["horovodrun", "-np", "2"]
     assert launch_command("single", 1) == []
     with pytest.raises(ValueError):

@@ -1,6 +1,7 @@
 """The scaling model's pieces (hvdtrain/predict): each a known input with its known answer."""
 import json
 import math
+import os
 import re
 import subprocess
 
@@ -162,15 +163,21 @@ def test_the_doctors_figures_replace_a_profiles_estimates():
     assert net.gpus_per_node == 4 and net.intra_busbw_gbs == 100.0 and not net.overlap
     assert net.inter_busbw_gbs == pytest.approx(16 * 2**20 / 0.010 / 1e9)
     assert net.inter_latency_s == pytest.approx((0.0015 - 0.0005 - 65536 / (net.inter_busbw_gbs * 1e9)) / 2)
+    # 4 ranks on 2 nodes: of the ring's 6 steps, the 4 within a node take the profile's latency.
+    slow_within = model.Cluster("w", 2, 8, 100.0, 10.0, intra_latency_s=5e-5)
+    four = node.measured_cluster(slow_within, _doctor(4, 2))
+    wire = 1.5 * 65536 / (four.inter_busbw_gbs * 1e9)
+    assert four.inter_latency_s == pytest.approx((0.0015 - 0.0005 - wire - 4 * 5e-5) / 2)
     assert "measured: the doctor's allreduce over 2 ranks on 2 node(s)" in net.sources[-1]
     with pytest.raises(UsageError, match="2 or more of each"):
         node.measured_cluster(NODE, _doctor(1, 1))
 
 
-def _result(world: int, images_per_s: float, sync_ms: float, batch: int = 32) -> dict:
+def _result(world: int, images_per_s: float, sync_ms, batch: int = 32, nodes: int = 1) -> dict:
+    syncs = sync_ms if isinstance(sync_ms, list) else [sync_ms] * world
     return {"world_size": world, "throughput": {"total_images_per_sec": images_per_s},
             "config": {"per_rank_batch_size": batch},
-            "ranks": [{"phases_ms": {"compute": 90.0, "sync": sync_ms}} for _ in range(world)]}
+            "ranks": [{"host": f"n{k % nodes}", "phases_ms": {"compute": 90.0, "sync": syncs[k]}} for k in range(world)]}
 
 
 def test_the_check_states_the_error_and_the_share_of_the_exchange_hidden():
@@ -180,13 +187,27 @@ def test_the_check_states_the_error_and_the_share_of_the_exchange_hidden():
 
     work = model.Workload(batch=32, compute_s=0.09, optimizer_s=0.01, gradient_bytes=10**9)
     cpu = model.Cluster("cpu", 2, 1, 10.0, 10.0, intra_latency_s=0.0, overlap=False)
-    [row] = check.check_rows(work, cpu, [("ddp", _result(2, 400.0, 25.0))])
+    # The slowest rank's sync (25 ms) is the exchange; the other's 40 ms also holds its wait for it.
+    [row] = check.check_rows(work, cpu, [("ddp", _result(2, 400.0, [40.0, 25.0]))])
     alone = 2 * 1 / 2 * 10**9 / 10e9  # 0.1 s: nothing hidden on CPU ranks, so the step is 0.2 s
     assert row["exchange_alone_ms"] == pytest.approx(1e3 * alone, rel=1e-3)
     assert row["predicted_images_per_s"] == pytest.approx(2 * 32 / 0.2, rel=1e-3)
     assert row["error"] == pytest.approx(320 / 400 - 1, rel=1e-3)
     assert row["predicted_hidden"] == pytest.approx(0.0, abs=1e-6) and row["measured_hidden"] == pytest.approx(0.75)
-    assert "ddp          2      320.0      400.0  -20.0%" in check.check_table([row], "t")
+    assert "ddp          2     1      320.0      400.0  -20.0%" in check.check_table([row], "t")
+    # Repeats are their median; a run without step phases has no measured exposure (n/a, not 100 %).
+    no_phases = {**_result(2, 300.0, 0.0), "ranks": [{"host": "n0"}, {"host": "n0"}]}
+    [row] = check.check_rows(work, cpu, [("ddp", _result(2, 400.0, 25.0)), ("ddp", _result(2, 500.0, 35.0)),
+                                         ("ddp", no_phases)])
+    assert (row["runs"], row["measured_images_per_s"]) == (3, 400.0) and row["measured_exposed_ms"] == pytest.approx(30.0)
+    [row] = check.check_rows(work, cpu, [("ddp", no_phases)])
+    assert row["measured_hidden"] is None and check.check_table([row], "t").splitlines()[2].count("n/a") == 2
+    # The ranks per node are the run's own: 2 ranks on 2 hosts exchange over the network.
+    net = model.Cluster("net", 2, 1, 100.0, 1.0, intra_latency_s=0.0, inter_latency_s=0.0, overlap=False)
+    [apart] = check.check_rows(work, net, [("ddp", _result(2, 400.0, 25.0, nodes=2))])
+    [together] = check.check_rows(work, net, [("ddp", _result(2, 400.0, 25.0))])
+    assert (apart["nodes"], together["nodes"]) == (2, 1)
+    assert apart["exchange_alone_ms"] == pytest.approx(100 * together["exchange_alone_ms"], rel=1e-3)
 
 
 def test_a_studys_jobs_are_what_the_prediction_is_checked_against(tmp_path):
@@ -204,19 +225,32 @@ def test_a_studys_jobs_are_what_the_prediction_is_checked_against(tmp_path):
     (tmp_path / "study.json").write_text(json.dumps({"jobs": jobs}))
     [(backend, result)] = check.study_results(str(tmp_path), 32)
     assert backend == "horovod" and result["throughput"]["total_images_per_sec"] == 380.0
-    with pytest.raises(UsageError, match="job b trained 32 samples a rank, the prediction's run 64"):
+    with pytest.raises(UsageError, match="job b trained 32 samples a rank a step, the prediction's run 64"):
         check.study_results(str(tmp_path), 64)
     with pytest.raises(UsageError, match="not a scaling study's directory"):
         check.study_results(str(tmp_path / "nowhere"), 32)
 
 
-def test_measure_refuses_to_run_as_ranks_of_a_launcher(monkeypatch):
+def test_measure_runs_once_outside_a_launcher_and_never_reads_an_earlier_runs_file(monkeypatch, tmp_path):
+    """Refused as a launcher's rank (even one: it would nest launchers), not in a Slurm batch step;
+    a run's file from an earlier --measure is removed first, so a failed run is one line, never
+    the old figures."""
     from hvdtrain.predict import node
 
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    with pytest.raises(UsageError, match=r"run it once, not as 2 ranks of openmpi"):
+    for name in [k for k in os.environ if k.startswith(("OMPI_", "PMIX_", "SLURM_", "HOROVOD_"))] + ["RANK"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # the batch step of an allocation
+    node.refuse_under_launcher()
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    with pytest.raises(UsageError, match=r"run it once, not as rank\(s\) of openmpi"):
         node.refuse_under_launcher()
+    old = tmp_path / "ddp-2.json"
+    old.write_text("{}")
+    with pytest.raises(UsageError, match=r"--measure: 2 ranks under ddp failed \(exit 3\): it broke \(its log: "):
+        node._run("2 ranks under ddp", [PYTHON, "-c", "print('it broke'); raise SystemExit(3)"], str(old),
+                  str(tmp_path / "ddp.log"), "single")
+    assert not old.exists()
 
 
 @pytest.mark.slow

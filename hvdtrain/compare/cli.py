@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import shlex
-import subprocess
 import sys
 import time
 
@@ -27,7 +26,7 @@ from hvdtrain.compare import study
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.compare.report import (fmt, parity, rate_unit, record_from_result, summarize, write_markdown,
                                      write_plot)
-from hvdtrain.launch import launch_command, launch_env
+from hvdtrain.launch import launch_command, launch_env, run_to_end
 from hvdtrain.result_file import environment_fingerprint, library_versions, write_json
 from hvdtrain.compare.workloads import WORKLOADS, custom_workload, get_workload
 
@@ -44,39 +43,6 @@ def pick_launcher(requested: str) -> str:
     return "srun" if os.environ.get("SLURM_JOB_ID") else "mpirun"
 
 
-def end_launch(proc: subprocess.Popen, launcher: str, step_name: str, grace: float = 10.0) -> None:
-    """End a launch and everything it started: SIGTERM to its process group (mpirun and srun
-    forward it to the ranks, which stop at their next step), SIGKILL after `grace` seconds;
-    under srun the step itself is then cancelled, as a killed srun cannot end it."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    if launcher == "srun":
-        cancel_slurm_step(step_name)
-
-
-def cancel_slurm_step(name: str) -> None:
-    """scancel of what srun started under `name` and left: a step of this allocation (the
-    comparison inside sbatch), or the job srun made for itself (outside one)."""
-    user = ["--user", str(os.getuid())]
-    try:
-        listed = subprocess.run(["squeue", "--steps", "--noheader", *user, "--format=%i %j"], capture_output=True,
-                                text=True, timeout=30).stdout
-        steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [name]]
-        if steps:
-            subprocess.run(["scancel", "--signal=KILL", *steps], capture_output=True, timeout=30)
-        subprocess.run(["scancel", *user, f"--name={name}"], capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        pass  # Slurm's own clean-up ends a step whose srun is gone, at the latest with the job
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -85,25 +51,12 @@ def run_one(backend: str, np: int, args, workload, out_dir: str, tag: str) -> di
     result_path = os.path.join(out_dir, "runs", f"{tag}.json")
     log_path = os.path.join(out_dir, "runs", f"{tag}.log")
     # One node: every backend gets the same launch line, with the tasks per node Lightning wants under srun.
-    cmd = (launch_command(args.launcher, np, tasks_per_node=np) + [sys.executable]
-           + BACKENDS[backend].trainer_args() + workload.scaled_args(np, args.smallest_np, args.scaling)
+    cmd = (launch_command(args.launcher, np, tasks_per_node=np, job_name=f"hvdtrain-compare-{os.getpid()}-{tag}")
+           + [sys.executable] + BACKENDS[backend].trainer_args() + workload.scaled_args(np, args.smallest_np, args.scaling)
            + ["--threads-per-rank", str(args.threads_per_rank), "--log-interval", "1", "--result-json", result_path])
-    step_name = f"hvdtrain-compare-{os.getpid()}-{tag}"
-    if args.launcher == "srun":
-        cmd.insert(1, f"--job-name={step_name}")  # to find the step if it must be cancelled
     env = launch_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     started = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            # The whole job: ranks left behind would skew every later measurement.
-            end_launch(proc, args.launcher, step_name)
-            rc = "timeout"
-        except BaseException:  # Ctrl-C, SIGTERM (see main): the job goes with us
-            end_launch(proc, args.launcher, step_name)
-            raise
+    rc = run_to_end(cmd, args.launcher, log_path, args.timeout, env)
     record = {"backend": backend, "np": np, "tag": tag, "command": cmd, "returncode": rc,
               "wall_seconds": time.time() - started, "log": log_path}
     if rc != 0 or not os.path.exists(result_path):

@@ -411,9 +411,11 @@ def _write_json(path: str, reports: list[dict], problems: list[str]) -> None:
     import json
 
     size = reports[0]["size"]
-    figures = [{"bytes": nbytes, "seconds": seconds, "through": "horovod",
-                **dict(zip(("algbw_gbs", "busbw_gbs"), bus_bandwidth(nbytes, seconds, size)))}
-               for nbytes, seconds in reports[0]["bandwidth"]]
+    figures = []
+    for i, (nbytes, _) in enumerate(reports[0]["bandwidth"]):
+        seconds = max(r["bandwidth"][i][1] for r in reports)  # an allreduce ends when its slowest rank's does
+        figures.append({"bytes": nbytes, "seconds": seconds, "through": "horovod",
+                        **dict(zip(("algbw_gbs", "busbw_gbs"), bus_bandwidth(nbytes, seconds, size)))})
     with open(path, "w") as f:
         json.dump({"ranks": size, "hosts": sorted({r["host"] for r in reports}),
                    "devices": [r["device"] for r in reports], "ready": not problems, "problems": problems,

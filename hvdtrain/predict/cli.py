@@ -25,7 +25,6 @@ import sys
 from hvdtrain.errors import UsageError, report_and_exit
 from hvdtrain.predict import anchors, check, model, profiles
 
-EXCHANGES = model.EXCHANGES
 IMAGENET_TRAIN = 1_281_167
 
 
@@ -131,7 +130,7 @@ def predict(work: model.Workload, cluster: model.Cluster, gpus: list[int], backe
     rows = []
     for backend in backends:
         for n in gpus:
-            s = model.step(work, n, cluster, EXCHANGES[backend])
+            s = model.step(work, n, cluster, model.EXCHANGES[backend])
             hours = model.gpu_hours_per_epoch(samples, s)
             rows.append({"backend": backend, "gpus": n, "images_per_s": s.images_per_s, "efficiency": s.efficiency,
                          "bound": s.bound, "exposed_exchange_ms": 1e3 * s.exposed_s, "gpu_hours_per_epoch": hours,
@@ -210,13 +209,16 @@ def measure_here(args) -> dict:
     if ranks < 2:
         raise UsageError("--ranks: 2 or more (the exchange is what the runs of several ranks measure)")
     runs = node.measure(shlex.split(args.measure), ranks, args.steps, args.out, node.launcher_here())
-    here = node.measured_cluster(profiles.load(args.cluster), node.load_json(runs["doctor"]))
+    doctor = node.load_json(runs["doctor"])
+    if doctor["problems"]:
+        print(f"(this node's doctor found {'; '.join(doctor['problems'])})")
+    here = node.measured_cluster(profiles.load(args.cluster), doctor)
     return {"runs": runs, "node": here,
             "results": [(backend, node.load_json(runs[backend])) for backend in ("horovod", "ddp")]}
 
 
-def doctor_figures(cluster: model.Cluster, path: str) -> model.Cluster:
-    """The profile with a doctor's measured figures (--doctor), said in one line."""
+def doctor_figures(cluster: model.Cluster, path: str, what: str) -> model.Cluster:
+    """The profile with a doctor's measured figures (--doctor, or --measure's), said in one line."""
     from hvdtrain.predict import node
 
     try:
@@ -226,15 +228,31 @@ def doctor_figures(cluster: model.Cluster, path: str) -> model.Cluster:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UsageError(f"--doctor {path}: not a file of python -m hvdtrain.doctor --json "
                          f"({type(err).__name__}: {err})") from None
+    if doctor.get("problems") and what.startswith("--doctor"):  # --measure's said them already
+        print(f"({what}: the doctor found {'; '.join(doctor['problems'])})")
+    if cluster.overlap and not measured.overlap:
+        print(f"({what}: measured on CPU ranks, so the prediction lets nothing overlap; for a GPU cluster run the "
+              "doctor on its GPU nodes)")
     if hosts == 1:  # within a node: the figures only, the profile's node kept
-        print(f"(--doctor {path}: within a node {measured.intra_busbw_gbs:.2f} GB/s busbw, "
+        print(f"({what}: within a node {measured.intra_busbw_gbs:.2f} GB/s busbw, "
               f"{measured.intra_latency_s * 1e6:.0f} us a ring step, measured)")
         return dataclasses.replace(cluster, intra_busbw_gbs=measured.intra_busbw_gbs,
                                    intra_latency_s=measured.intra_latency_s, overlap=cluster.overlap and measured.overlap,
                                    sources=measured.sources)
-    print(f"(--doctor {path}: across {hosts} nodes {measured.inter_busbw_gbs:.2f} GB/s busbw, "
+    print(f"({what}: across {hosts} nodes {measured.inter_busbw_gbs:.2f} GB/s busbw, "
           f"{measured.inter_latency_s * 1e6:.0f} us a ring step, measured)")
     return measured
+
+
+def finite(value):
+    """JSON without Infinity (an unset file-system rate): None in its place."""
+    if isinstance(value, float) and value == float("inf"):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def anchor_table() -> str:
@@ -253,7 +271,7 @@ def main(argv=None) -> None:
     p.add_argument("--parameters", type=int, help="the model's trainable parameters, float32 gradients (default: "
                                                   "the result file's gradient bytes)")
     p.add_argument("--gpus", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512])
-    p.add_argument("--backends", nargs="+", default=["horovod", "ddp"], choices=sorted(EXCHANGES))
+    p.add_argument("--backends", nargs="+", default=["horovod", "ddp"], choices=sorted(model.EXCHANGES))
     p.add_argument("--samples", type=int, default=IMAGENET_TRAIN, help="samples an epoch (default: ImageNet's)")
     p.add_argument("--epochs", type=int, default=90)
     p.add_argument("--input-ms", type=float, default=0.0, help="one GPU's batch through its decode workers, ms")
@@ -288,14 +306,14 @@ def main(argv=None) -> None:
             raise UsageError("--gpus: counts of at least 1")
         cluster = profiles.load(args.cluster)
         for path in args.doctor:
-            cluster = doctor_figures(cluster, path)
+            cluster = doctor_figures(cluster, path, f"--doctor {path}")
         measured = measure_here(args) if args.measure else None
         from_result = measured["runs"]["one"] if measured else args.from_result
         result = load_result(from_result)
         work = workload_from_result(result, from_result, args.parameters, args.input_ms, args.sample_kb)
         if measured:
             if measured["node"].overlap:  # GPU ranks: their figures are the cluster's node's
-                cluster = doctor_figures(cluster, measured["runs"]["doctor"])
+                cluster = doctor_figures(cluster, measured["runs"]["doctor"], "this node's doctor")
             else:
                 print(f"(measured on CPU ranks: {cluster.name}'s own figures within a node are kept; this node's "
                       f"{measured['node'].intra_busbw_gbs:.2f} GB/s serves the check here only)")
@@ -314,14 +332,15 @@ def main(argv=None) -> None:
         print(table(prediction))
         if args.check:
             rows = check.check_rows(work, cluster, check.study_results(args.check, work.batch))
-            print(check.check_table(rows, f"the prediction against the study in {args.check}:"))
+            print(check.check_table(rows, f"the prediction against the study in {args.check}:") if rows else
+                  f"(--check {args.check}: no finished Horovod (torch) or DDP job of 2 or more ranks there yet)")
             prediction["study_check"] = rows
         print(check_command(prediction, cluster, trainer_args(result["config"])))
         if args.png:
             plot(prediction, args.png)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(prediction, f, indent=2)
+                json.dump(finite(prediction), f, indent=2)
     except UsageError as err:
         report_and_exit(err, "hvdtrain.predict")
 

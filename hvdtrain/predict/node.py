@@ -17,11 +17,10 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 from hvdtrain.errors import UsageError
-from hvdtrain.launch import launch_command, launch_env
+from hvdtrain.launch import launch_command, launch_env, run_to_end
 from hvdtrain.predict import model
 
 RUN_TIMEOUT_S = 600
@@ -33,28 +32,30 @@ def launcher_here() -> str:
 
 
 def refuse_under_launcher() -> None:
-    """--measure starts its own runs of 1 and N ranks: started as N ranks itself, each would."""
+    """--measure starts its own runs of 1 and N ranks: started by a launcher itself (even as one
+    rank), it would nest launchers. A Slurm batch step is no launcher's rank."""
     from hvdtrain.cluster.env import ClusterEnv
 
     env = ClusterEnv.from_environ()
-    if env.world_size > 1:
-        raise UsageError(f"--measure: run it once, not as {env.world_size} ranks of {env.launcher}: it starts its own "
-                         "runs of one and --ranks ranks (with srun inside an allocation, else mpirun)")
+    if env.launcher != "single":
+        raise UsageError(f"--measure: run it once, not as rank(s) of {env.launcher}: it starts its own runs of one "
+                         "and --ranks ranks (with srun inside an allocation, else mpirun)")
 
 
-def _run(what: str, cmd: list[str], out_file: str, log: str) -> None:
-    """One measuring run; its failure is one line with the run's own last line."""
+def _run(what: str, cmd: list[str], out_file: str, log: str, launcher: str, complains: bool = False) -> None:
+    """One measuring run into out_file (a file of an earlier run removed first); its failure is
+    one line with the run's own last line. `complains`: exit 1 with its file written is a finding
+    (the doctor's NOT READY), not a failure."""
+    if os.path.exists(out_file):
+        os.remove(out_file)
     print(f"measuring {what}: {' '.join(cmd)}", flush=True)
-    with open(log, "w") as f:
-        try:
-            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=launch_env(), timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"--measure: {what} did not end within {RUN_TIMEOUT_S} s (its log: {log})") from None
-    if not os.path.exists(out_file):
+    rc = run_to_end(cmd, launcher, log, RUN_TIMEOUT_S, launch_env(PYTHONUNBUFFERED="1"))
+    if rc == "timeout":
+        raise UsageError(f"--measure: {what} did not end within {RUN_TIMEOUT_S} s (its log: {log})")
+    if rc not in ((0, 1) if complains else (0,)) or not os.path.exists(out_file):
         with open(log) as f:
             lines = [line.strip() for line in f if line.strip()]
-        raise UsageError(f"--measure: {what} failed (exit {done.returncode}): {lines[-1] if lines else 'no output'} "
-                         f"(its log: {log})")
+        raise UsageError(f"--measure: {what} failed (exit {rc}): {lines[-1] if lines else 'no output'} (its log: {log})")
 
 
 def measure(train_args: list[str], ranks: int, steps: int, out: str, launcher: str) -> dict:
@@ -69,15 +70,19 @@ def measure(train_args: list[str], ranks: int, steps: int, out: str, launcher: s
     trainer = [sys.executable, "-m", "hvdtrain.torch", *train_args, "--steps", str(steps)]
     files = {"one": os.path.join(out, "one.json"), "doctor": os.path.join(out, f"doctor-{ranks}.json"),
              "horovod": os.path.join(out, f"horovod-{ranks}.json"), "ddp": os.path.join(out, f"ddp-{ranks}.json")}
-    prefix = launch_command(launcher, ranks)
-    _run("one rank's step", [*trainer, "--result-json", files["one"]], files["one"], os.path.join(out, "one.log"))
+
+    def ranks_of(name: str) -> list[str]:  # one node's ranks (srun: -N1), named for a cancel
+        return launch_command(launcher, ranks, tasks_per_node=ranks, job_name=f"hvdtrain-predict-{os.getpid()}-{name}")
+
+    _run("one rank's step", [*trainer, "--result-json", files["one"]], files["one"], os.path.join(out, "one.log"),
+         "single")
     _run(f"the node's allreduce ({ranks} ranks)",
-         [*prefix, sys.executable, "-m", "hvdtrain.doctor", "--framework", "torch", "--json", files["doctor"]],
-         files["doctor"], os.path.join(out, "doctor.log"))
+         [*ranks_of("doctor"), sys.executable, "-m", "hvdtrain.doctor", "--framework", "torch", "--json",
+          files["doctor"]], files["doctor"], os.path.join(out, "doctor.log"), launcher, complains=True)
     for backend in ("horovod", "ddp"):
         _run(f"{ranks} ranks under {backend}",
-             [*prefix, *trainer, "--backend", backend, "--result-json", files[backend]],
-             files[backend], os.path.join(out, f"{backend}.log"))
+             [*ranks_of(backend), *trainer, "--backend", backend, "--result-json", files[backend]],
+             files[backend], os.path.join(out, f"{backend}.log"), launcher)
     return files
 
 
@@ -95,8 +100,11 @@ def measured_cluster(profile: model.Cluster, doctor: dict) -> model.Cluster:
                          "are needed to measure an exchange")
     busbw = large["busbw_gbs"]
     wire = 2 * (n - 1) / n * small["bytes"] / (busbw * 1e9)
-    steps = 2 * (n - 1) if hosts == 1 else 2 * (hosts - 1)
-    latency = max(0.0, (small["seconds"] - model.HOROVOD.cycle_s / 2 - wire) / steps)
+    left = small["seconds"] - model.HOROVOD.cycle_s / 2 - wire
+    if hosts == 1:
+        latency = max(0.0, left / (2 * (n - 1)))
+    else:  # the ring's steps within a node at the profile's latency, the rest across nodes
+        latency = max(0.0, (left - (2 * (n - 1) - 2 * (hosts - 1)) * profile.intra_latency_s) / (2 * (hosts - 1)))
     source = (f"measured: the doctor's allreduce over {n} ranks on {hosts} node(s), {large['bytes']} bytes at busbw "
               f"{busbw:.2f} GB/s, {small['bytes']} bytes in {small['seconds'] * 1e3:.3f} ms")
     on_gpus = all(d != "cpu" for d in doctor["devices"])
