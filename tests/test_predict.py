@@ -194,14 +194,16 @@ def test_the_check_states_the_error_and_the_share_of_the_exchange_hidden():
     assert row["predicted_images_per_s"] == pytest.approx(2 * 32 / 0.2, rel=1e-3)
     assert row["error"] == pytest.approx(320 / 400 - 1, rel=1e-3)
     assert row["predicted_hidden"] == pytest.approx(0.0, abs=1e-6) and row["measured_hidden"] == pytest.approx(0.75)
-    assert "ddp          2     1      320.0      400.0  -20.0%" in check.check_table([row], "t")
+    assert row["measured_compute_ms"] == 90.0 and row["predicted_compute_ms"] == pytest.approx(90.0)
+    assert "ddp          2     1            320.0    400.0  -20.0%                 90.0   90.0" in \
+        check.check_table([row], "t")
     # Repeats are their median; a run without step phases has no measured exposure (n/a, not 100 %).
     no_phases = {**_result(2, 300.0, 0.0), "ranks": [{"host": "n0"}, {"host": "n0"}]}
     [row] = check.check_rows(work, cpu, [("ddp", _result(2, 400.0, 25.0)), ("ddp", _result(2, 500.0, 35.0)),
                                          ("ddp", no_phases)])
     assert (row["runs"], row["measured_images_per_s"]) == (3, 400.0) and row["measured_exposed_ms"] == pytest.approx(30.0)
     [row] = check.check_rows(work, cpu, [("ddp", no_phases)])
-    assert row["measured_hidden"] is None and check.check_table([row], "t").splitlines()[2].count("n/a") == 2
+    assert row["measured_hidden"] is None and check.check_table([row], "t").splitlines()[2].count("n/a") == 3
     # The ranks per node are the run's own: 2 ranks on 2 hosts exchange over the network.
     net = model.Cluster("net", 2, 1, 100.0, 1.0, intra_latency_s=0.0, inter_latency_s=0.0, overlap=False)
     [apart] = check.check_rows(work, net, [("ddp", _result(2, 400.0, 25.0, nodes=2))])

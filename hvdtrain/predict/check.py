@@ -23,6 +23,13 @@ def hidden_share(exposed_s: float | None, total_s: float) -> float | None:
     return min(1.0, max(0.0, 1.0 - exposed_s / total_s)) if total_s > 0 else 1.0
 
 
+def _compute_s(result: dict) -> float | None:
+    """The forward and backward of a run's slowest rank (its own work, which the model takes as
+    one GPU's whatever the ranks)."""
+    computes = [r["phases_ms"].get("compute", 0.0) / 1e3 for r in result["ranks"] if r.get("phases_ms")]
+    return max(computes) if computes else None
+
+
 def _exposed_s(result: dict) -> float | None:
     """The exchange a run left after the backward: the slowest rank's `sync` (the least of the
     ranks': the others' also holds their wait for it); None for a run without step phases."""
@@ -47,10 +54,13 @@ def check_rows(work: model.Workload, cluster: model.Cluster, results: list[tuple
         alone = model.exposed_exchange_s(work, n, dataclasses.replace(shaped, overlap=False), exchange)
         exposed = [e for e in map(_exposed_s, runs) if e is not None]
         exposed_s = statistics.median(exposed) if exposed else None
+        computes = [c for c in map(_compute_s, runs) if c is not None]
         measured = statistics.median(r["throughput"]["total_images_per_sec"] for r in runs)
         rows.append({"backend": backend, "gpus": n, "nodes": nodes, "runs": len(runs),
                      "predicted_images_per_s": predicted.images_per_s, "measured_images_per_s": measured,
                      "error": predicted.images_per_s / measured - 1, "exchange_alone_ms": 1e3 * alone,
+                     "predicted_compute_ms": 1e3 * work.compute_s,
+                     "measured_compute_ms": 1e3 * statistics.median(computes) if computes else None,
                      "predicted_exposed_ms": 1e3 * predicted.exposed_s,
                      "measured_exposed_ms": None if exposed_s is None else 1e3 * exposed_s,
                      "predicted_hidden": hidden_share(predicted.exposed_s, alone),
@@ -62,17 +72,19 @@ def check_table(rows: list[dict], title: str) -> str:
     def fmt(value, spec):
         return "n/a" if value is None else format(value, spec)
 
-    lines = [title, f"{'backend':8s} {'GPUs':>5s} {'nodes':>5s} {'predicted':>10s} {'measured':>10s} {'error':>7s} "
-                    f"{'model exchange ms':>17s} {'exposed ms: predicted':>21s} {'measured':>8s} "
-                    f"{'hidden: predicted':>17s} {'measured':>8s}"]
+    lines = [title, f"{'backend':8s} {'GPUs':>5s} {'nodes':>5s} {'img/s: predicted':>16s} {'measured':>8s} "
+                    f"{'error':>7s} {'compute ms: one rank':>20s} {'these':>6s} {'model exchange ms':>17s} "
+                    f"{'exposed ms: predicted':>21s} {'measured':>8s} {'hidden: predicted':>17s} {'measured':>8s}"]
     for r in rows:
-        lines.append(f"{r['backend']:8s} {r['gpus']:5d} {r['nodes']:5d} {r['predicted_images_per_s']:10.1f} "
-                     f"{r['measured_images_per_s']:10.1f} {100 * r['error']:+6.1f}% {r['exchange_alone_ms']:17.1f} "
+        lines.append(f"{r['backend']:8s} {r['gpus']:5d} {r['nodes']:5d} {r['predicted_images_per_s']:16.1f} "
+                     f"{r['measured_images_per_s']:8.1f} {100 * r['error']:+6.1f}% {r['predicted_compute_ms']:20.1f} "
+                     f"{fmt(r['measured_compute_ms'], '6.1f')} {r['exchange_alone_ms']:17.1f} "
                      f"{r['predicted_exposed_ms']:21.1f} {fmt(r['measured_exposed_ms'], '8.1f')} "
                      f"{100 * r['predicted_hidden']:16.0f}% "
                      f"{fmt(None if r['measured_hidden'] is None else 100 * r['measured_hidden'], '7.0f')}%")
-    lines.append("(exposed: what the exchange left after the backward, measured as the slowest rank's sync; hidden: "
-                 "the share of the model's exchange alone the backward hid)")
+    lines.append("(compute: forward and backward, the slowest rank's in these runs, one GPU's in the model; exposed: "
+                 "what the exchange left after the backward, the slowest rank's sync; hidden: the share of the model's "
+                 "exchange alone the backward hid)")
     return "\n".join(lines)
 
 
