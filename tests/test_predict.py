@@ -4,6 +4,7 @@ import math
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -253,6 +254,18 @@ def test_measure_runs_once_outside_a_launcher_and_never_reads_an_earlier_runs_fi
         node._run("2 ranks under ddp", [PYTHON, "-c", "print('it broke'); raise SystemExit(3)"], str(old),
                   str(tmp_path / "ddp.log"), "single")
     assert not old.exists()
+    # Past its time limit a run ends, whatever it started with it, and says so in one line.
+    monkeypatch.setattr(node, "RUN_TIMEOUT_S", 1)
+    child = tmp_path / "child.pid"
+    sleeper = f"import os, subprocess, time; open({str(child)!r}, 'w').write(str(subprocess.Popen(['sleep', '60']).pid)); time.sleep(60)"
+    with pytest.raises(UsageError, match="one rank's step did not end within 1 s .*fewer --steps"):
+        node._run("one rank's step", [PYTHON, "-c", sleeper], str(tmp_path / "one.json"), str(tmp_path / "one.log"),
+                  "single")
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
 @pytest.mark.slow

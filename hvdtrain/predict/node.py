@@ -51,7 +51,8 @@ def _run(what: str, cmd: list[str], out_file: str, log: str, launcher: str, comp
     print(f"measuring {what}: {' '.join(cmd)}", flush=True)
     rc = run_to_end(cmd, launcher, log, RUN_TIMEOUT_S, launch_env(PYTHONUNBUFFERED="1"))
     if rc == "timeout":
-        raise UsageError(f"--measure: {what} did not end within {RUN_TIMEOUT_S} s (its log: {log})")
+        raise UsageError(f"--measure: {what} did not end within {RUN_TIMEOUT_S} s (its log: {log}); on a node "
+                         "without GPUs give fewer --steps, a smaller --image-size or model")
     if rc not in ((0, 1) if complains else (0,)) or not os.path.exists(out_file):
         with open(log) as f:
             lines = [line.strip() for line in f if line.strip()]
