@@ -99,6 +99,18 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
     # The study that would check it: node counts of whole nodes, the measured run's model and data.
     assert "python -m hvdtrain.compare --nodes 1,16 --backends horovod-torch,ddp --train-args '--model resnet18 " \
            "--dataset synthetic --batch-size 32' --out study -- --preset juwels-booster" in run.stdout
+    # Horovod as the run had it (its environment): at most 1 MiB fused every 5 ms cannot keep up
+    # with a backward making 47 MB of gradients in 60 ms.
+    tuned = {**result, "environment": {"env": {"HOROVOD_FUSION_THRESHOLD": str(2**20), "HOROVOD_CYCLE_TIME": "5"}}}
+    (tmp_path / "tuned.json").write_text(json.dumps(tuned))
+    run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
+                          str(tmp_path / "tuned.json"), "--parameters", "11689512", "--gpus", "4", "64",
+                          "--json", str(tmp_path / "t.json")], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert "(Horovod as the run had it: fusion threshold 1 MiB, cycle 5 ms)" in run.stdout, run.stdout + run.stderr
+    tuned_prediction = json.loads((tmp_path / "t.json").read_text())
+    assert tuned_prediction["exchanges"]["horovod"] == {"name": "horovod", "bucket_bytes": 2**20, "cycle_s": 0.005}
+    assert tuned_prediction["rows"][1]["exposed_exchange_ms"] > 100 > 10 * rows[1]["exposed_exchange_ms"]
+
     def refused(changes: dict, *more) -> str:
         (tmp_path / "bad.json").write_text(json.dumps({**result, **changes}))
         run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
@@ -108,6 +120,8 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
     assert "a run of 2 ranks; the prediction starts from one GPU's run" in refused({"world_size": 2})
     assert "does not say its gradient bytes" in refused({})  # TensorFlow's, or an older hvdtrain's
     assert "not a readable hvdtrain result file" in refused({"ranks": []}, "--parameters", "10")
+    assert "knows no tensor sizes for an exchange without fusion" in refused(
+        {"environment": {"env": {"HOROVOD_FUSION_THRESHOLD": "0"}}}, "--parameters", "10")
     warned = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
                              str(tmp_path / "one.json"), "--parameters", "10", "--sample-kb", "110"],
                             capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -37,7 +37,8 @@ def _exposed_s(result: dict) -> float | None:
     return min(syncs) if syncs else None
 
 
-def check_rows(work: model.Workload, cluster: model.Cluster, results: list[tuple[str, dict]]) -> list[dict]:
+def check_rows(work: model.Workload, cluster: model.Cluster, results: list[tuple[str, dict]],
+               exchanges: dict[str, model.Exchange] = model.EXCHANGES) -> list[dict]:
     """Predicted against measured for runs of several ranks (this node's, or a study's on the
     cluster), each (backend, result file), repeats as their median: img/s, the exchange left
     after the backward, and against the model's exchange alone the share the backward hid. The
@@ -49,7 +50,7 @@ def check_rows(work: model.Workload, cluster: model.Cluster, results: list[tuple
     for (backend, n), runs in groups.items():
         nodes = len({r.get("host") for r in runs[0]["ranks"]}) or 1
         shaped = dataclasses.replace(cluster, gpus_per_node=-(-n // nodes))
-        exchange = model.EXCHANGES[backend]
+        exchange = exchanges[backend]
         predicted = model.step(work, n, shaped, exchange)
         alone = model.exposed_exchange_s(work, n, dataclasses.replace(shaped, overlap=False), exchange)
         exposed = [e for e in map(_exposed_s, runs) if e is not None]

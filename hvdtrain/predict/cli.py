@@ -125,17 +125,38 @@ def measured_input(saved: dict, work: model.Workload, cluster: model.Cluster) ->
     return work, cluster
 
 
+def exchanges_of(result: dict, path: str) -> dict[str, model.Exchange]:
+    """The backends' exchanges as the measured run had them: Horovod's fusion threshold and cycle
+    time from its environment (HOROVOD_FUSION_THRESHOLD bytes, HOROVOD_CYCLE_TIME ms, which the
+    study's jobs inherit), else Horovod's defaults; DDP's 25 MiB buckets (the trainer's)."""
+    env = (result.get("environment") or {}).get("env") or {}
+    try:
+        threshold = int(env.get("HOROVOD_FUSION_THRESHOLD", model.HOROVOD.bucket_bytes))
+        cycle_s = float(env.get("HOROVOD_CYCLE_TIME", model.HOROVOD.cycle_s * 1e3)) / 1e3
+    except ValueError as err:
+        raise UsageError(f"--from-result {path}: its Horovod settings do not read as numbers ({err})") from None
+    if threshold <= 0 or cycle_s <= 0:
+        raise UsageError(f"--from-result {path}: the run had HOROVOD_FUSION_THRESHOLD={threshold} and "
+                         f"HOROVOD_CYCLE_TIME={cycle_s * 1e3:g} ms; the model fuses into buffers each cycle and "
+                         "knows no tensor sizes for an exchange without fusion")
+    horovod = model.Exchange("horovod", threshold, cycle_s)
+    if horovod != model.HOROVOD:
+        print(f"(Horovod as the run had it: fusion threshold {threshold / 2**20:g} MiB, cycle {cycle_s * 1e3:g} ms)")
+    return {"horovod": horovod, "ddp": model.DDP}
+
+
 def predict(work: model.Workload, cluster: model.Cluster, gpus: list[int], backends: list[str], samples: int,
-            epochs: int) -> dict:
+            epochs: int, exchanges: dict[str, model.Exchange] = model.EXCHANGES) -> dict:
     rows = []
     for backend in backends:
         for n in gpus:
-            s = model.step(work, n, cluster, model.EXCHANGES[backend])
+            s = model.step(work, n, cluster, exchanges[backend])
             hours = model.gpu_hours_per_epoch(samples, s)
             rows.append({"backend": backend, "gpus": n, "images_per_s": s.images_per_s, "efficiency": s.efficiency,
                          "bound": s.bound, "exposed_exchange_ms": 1e3 * s.exposed_s, "gpu_hours_per_epoch": hours,
                          "hours_to_train": hours * epochs / n})
     return {"cluster": cluster.name, "cluster_sources": list(cluster.sources), "workload": dataclasses.asdict(work),
+            "exchanges": {b: dataclasses.asdict(exchanges[b]) for b in backends},
             "samples_per_epoch": samples, "epochs": epochs, "rows": rows, "blind": model.BLIND}
 
 
@@ -311,19 +332,21 @@ def main(argv=None) -> None:
         from_result = measured["runs"]["one"] if measured else args.from_result
         result = load_result(from_result)
         work = workload_from_result(result, from_result, args.parameters, args.input_ms, args.sample_kb)
+        exchanges = exchanges_of(result, from_result)
         if measured:
             if measured["node"].overlap:  # GPU ranks: their figures are the cluster's node's
                 cluster = doctor_figures(cluster, measured["runs"]["doctor"], "this node's doctor")
             else:
                 print(f"(measured on CPU ranks: {cluster.name}'s own figures within a node are kept; this node's "
                       f"{measured['node'].intra_busbw_gbs:.2f} GB/s serves the check here only)")
-            measured["check"] = check.check_rows(work, measured["node"], measured["results"])
+            measured["check"] = check.check_rows(work, measured["node"], measured["results"], exchanges)
         if args.measure_input:
             work, cluster = measured_input(result["config"], work, cluster)
         if work.sample_bytes and cluster.fs_node_gbs == float("inf") and cluster.fs_aggregate_gbs == float("inf"):
             print(f"(--sample-kb: {cluster.name} gives no file-system rate, so the file system is not modelled; "
                   "--measure-input measures this node's, or set fs_node_gbs and fs_aggregate_gbs in a profile)")
-        prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs)
+        prediction = predict(work, cluster, sorted(set(args.gpus)), args.backends, args.samples, args.epochs,
+                             exchanges)
         if measured:
             print(check.check_table(measured["check"], f"the model on {measured['node'].name}, against its runs "
                                                        f"({args.out}):"))
@@ -331,7 +354,7 @@ def main(argv=None) -> None:
                                            "check": measured["check"]}
         print(table(prediction))
         if args.check:
-            rows = check.check_rows(work, cluster, check.study_results(args.check, work.batch))
+            rows = check.check_rows(work, cluster, check.study_results(args.check, work.batch), exchanges)
             print(check.check_table(rows, f"the prediction against the study in {args.check}:") if rows else
                   f"(--check {args.check}: no finished Horovod (torch) or DDP job of 2 or more ranks there yet)")
             prediction["study_check"] = rows
