@@ -308,3 +308,27 @@ def test_a_study_of_a_users_own_model_file_runs_its_jobs(slurm_cluster, tmp_path
     # job's srun then still waited on its tasks' end, and was orphaned when the cluster stopped).
     queued = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, env=base_env())
     assert "hvdtrain-horovod-torch-n1-r0" not in queued.stdout, queued.stdout
+
+
+def test_the_prediction_measures_inside_an_allocation_through_srun(slurm_cluster, tmp_path):
+    """`python -m hvdtrain.predict --measure` in salloc's shell (which may be on a login node):
+    every run, the one rank's too, is a step of the allocation (srun, on its node), and the
+    prediction and its check come out of them."""
+    import json
+    import subprocess
+
+    out = tmp_path / "m"
+    done = subprocess.run(["salloc", "-N", "1", "-n", "2", "-t", "10", PYTHON, "-m", "hvdtrain.predict", "--cluster",
+                           "jean-zay-a100", "--measure", "--model mnist_cnn --dataset digits --batch-size 16",
+                           "--steps", "30", "--out", str(out), "--gpus", "8", "--json", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, cwd=REPO, timeout=400, env=base_env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    launched = re.findall(r"^measuring (.+?): (\S+)", done.stdout, re.M)
+    assert [what for what, _ in launched] == ["one rank's step", "the node's allreduce (2 ranks)",
+                                              "2 ranks under horovod", "2 ranks under ddp"], done.stdout
+    assert {launcher for _, launcher in launched} == {"srun"}, done.stdout
+    for name, ranks in (("one", 1), ("horovod-2", 2), ("ddp-2", 2)):
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["world_size"] == ranks and result["environment"]["env"]["SLURM_JOB_ID"]
+    assert [r["backend"] for r in json.loads((tmp_path / "p.json").read_text())["measured_here"]["check"]] == \
+        ["horovod", "ddp"]

@@ -1,6 +1,7 @@
 """`python -m hvdtrain.predict --measure`: what the prediction needs, measured on one node through
-hvdtrain's own commands, in a couple of minutes. Run it once, on the node (in a one-node Slurm
-allocation its ranks start with srun, elsewhere with mpirun):
+hvdtrain's own commands, in a couple of minutes. Run it once, not under a launcher: in a Slurm
+allocation (a batch script, salloc's shell) every run starts with srun on the allocated node,
+elsewhere with mpirun on this one:
 
 1. one rank's step: `python -m hvdtrain.torch <your options> --steps S --result-json one.json`
    (data, forward+backward, optimizer; the gradient bytes), with the threads a rank has among N;
@@ -27,7 +28,8 @@ RUN_TIMEOUT_S = 600
 
 
 def launcher_here() -> str:
-    """srun inside a Slurm allocation (its ranks on the allocated node), else mpirun."""
+    """srun inside a Slurm allocation (its runs on the allocated node, where a batch script or
+    salloc's shell started it), else mpirun."""
     return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpirun"
 
 
@@ -72,11 +74,14 @@ def measure(train_args: list[str], ranks: int, steps: int, out: str, launcher: s
     files = {"one": os.path.join(out, "one.json"), "doctor": os.path.join(out, f"doctor-{ranks}.json"),
              "horovod": os.path.join(out, f"horovod-{ranks}.json"), "ddp": os.path.join(out, f"ddp-{ranks}.json")}
 
-    def ranks_of(name: str) -> list[str]:  # one node's ranks (srun: -N1), named for a cancel
-        return launch_command(launcher, ranks, tasks_per_node=ranks, job_name=f"hvdtrain-predict-{os.getpid()}-{name}")
+    def ranks_of(name: str, n: int = ranks) -> list[str]:  # on one node (srun: -N1), named for a cancel
+        return launch_command(launcher, n, tasks_per_node=n, job_name=f"hvdtrain-predict-{os.getpid()}-{name}")
 
-    _run("one rank's step", [*trainer, "--result-json", files["one"]], files["one"], os.path.join(out, "one.log"),
-         "single")
+    # In an allocation the one rank runs through srun too: under salloc this shell may be on the
+    # login node, without the compute node's GPU.
+    alone = launcher if launcher == "srun" else "single"
+    _run("one rank's step", [*(ranks_of("one", 1) if alone == "srun" else []), *trainer, "--result-json",
+                             files["one"]], files["one"], os.path.join(out, "one.log"), alone)
     _run(f"the node's allreduce ({ranks} ranks)",
          [*ranks_of("doctor"), sys.executable, "-m", "hvdtrain.doctor", "--framework", "torch", "--json",
           files["doctor"]], files["doctor"], os.path.join(out, "doctor.log"), launcher, complains=True)
