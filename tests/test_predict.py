@@ -42,6 +42,13 @@ def test_the_exchange_hides_behind_the_backward_but_its_last_bucket():
     assert 0 < hidden < 0.05 * total
     cpu = model.Cluster("cpu", 4, 8, 100.0, 10.0, intra_latency_s=0.0, inter_latency_s=0.0, overlap=False)
     assert model.exposed_exchange_s(long, 8, cpu, model.DDP) == pytest.approx(total, rel=1e-6)
+    # A cycle sends all that is ready, in buffers of the threshold one after the other (not one
+    # buffer a cycle): 1 GB ready at once in 100 MB buffers is the next cycle's wait and ten rings.
+    slow = model.Cluster("l", 4, 8, 100.0, 10.0, intra_latency_s=1e-5, inter_latency_s=1e-4, overlap=False)
+    small = model.Exchange("small", 10**8, 0.001)
+    rings = 10 * model.ring_allreduce_s(10**8, 8, slow)
+    wait = 0.001 * (math.floor(0.6 / 0.001) + 1) - 0.6
+    assert model.exposed_exchange_s(long, 8, slow, small) == pytest.approx(wait + rings, rel=1e-6)
 
 
 def test_the_bound_is_the_longest_path_and_efficiency_is_against_one_gpu():
@@ -99,17 +106,18 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
     # The study that would check it: node counts of whole nodes, the measured run's model and data.
     assert "python -m hvdtrain.compare --nodes 1,16 --backends horovod-torch,ddp --train-args '--model resnet18 " \
            "--dataset synthetic --batch-size 32' --out study -- --preset juwels-booster" in run.stdout
-    # Horovod as the run had it (its environment): at most 1 MiB fused every 5 ms cannot keep up
-    # with a backward making 47 MB of gradients in 60 ms.
+    # Horovod as the run had it (its environment): 1 MiB buffers every 5 ms, each allreduce paying
+    # its ring's latency across 16 nodes, leave more after the backward than 128 MiB every 1 ms.
     tuned = {**result, "environment": {"env": {"HOROVOD_FUSION_THRESHOLD": str(2**20), "HOROVOD_CYCLE_TIME": "5"}}}
     (tmp_path / "tuned.json").write_text(json.dumps(tuned))
     run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
                           str(tmp_path / "tuned.json"), "--parameters", "11689512", "--gpus", "4", "64",
                           "--json", str(tmp_path / "t.json")], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert "(Horovod as the run had it: fusion threshold 1 MiB, cycle 5 ms)" in run.stdout, run.stdout + run.stderr
+    assert "fusion threshold 1 MiB, cycle 5 ms)" in run.stdout, run.stdout + run.stderr
     tuned_prediction = json.loads((tmp_path / "t.json").read_text())
     assert tuned_prediction["exchanges"]["horovod"] == {"name": "horovod", "bucket_bytes": 2**20, "cycle_s": 0.005}
-    assert tuned_prediction["rows"][1]["exposed_exchange_ms"] > 100 > 10 * rows[1]["exposed_exchange_ms"]
+    assert tuned_prediction["rows"][1]["exposed_exchange_ms"] > 2 * rows[1]["exposed_exchange_ms"] + 1, \
+        (tuned_prediction["rows"][1], rows[1])
 
     def refused(changes: dict, *more) -> str:
         (tmp_path / "bad.json").write_text(json.dumps({**result, **changes}))
@@ -120,8 +128,15 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
     assert "a run of 2 ranks; the prediction starts from one GPU's run" in refused({"world_size": 2})
     assert "does not say its gradient bytes" in refused({})  # TensorFlow's, or an older hvdtrain's
     assert "not a readable hvdtrain result file" in refused({"ranks": []}, "--parameters", "10")
-    assert "knows no tensor sizes for an exchange without fusion" in refused(
-        {"environment": {"env": {"HOROVOD_FUSION_THRESHOLD": "0"}}}, "--parameters", "10")
+    for bad in ("0", "nan", "inf"):
+        assert "knows no tensor sizes for an exchange without fusion" in refused(
+            {"environment": {"env": {"HOROVOD_FUSION_THRESHOLD": bad}}}, "--parameters", "10")
+    assert "do not read as numbers" in refused({"environment": {"env": {"HOROVOD_CYCLE_TIME": "1ms"}}}, "--parameters", "10")
+    # DDP alone does not care how Horovod would fuse.
+    (tmp_path / "nofusion.json").write_text(json.dumps({**result, "environment": {"env": {"HOROVOD_FUSION_THRESHOLD": "0"}}}))
+    assert subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
+                           str(tmp_path / "nofusion.json"), "--parameters", "10", "--backends", "ddp"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60).returncode == 0
     warned = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
                              str(tmp_path / "one.json"), "--parameters", "10", "--sample-kb", "110"],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
@@ -174,6 +189,9 @@ def test_the_doctors_figures_replace_a_profiles_estimates():
     assert here.gpus_per_node == 4 and here.intra_busbw_gbs == pytest.approx(busbw) and here.overlap
     assert here.intra_latency_s == pytest.approx((0.0015 - 0.0005 - 1.5 * 65536 / (busbw * 1e9)) / 6)
     assert not node.measured_cluster(NODE, _doctor(4, 1)).overlap  # CPU ranks
+    # The doctor ran with a 0.3 ms cycle: a half of that, not of the default 1 ms, is its wait.
+    short = node.measured_cluster(NODE, {**_doctor(4, 1), "horovod_cycle_time_ms": 0.3})
+    assert short.intra_latency_s == pytest.approx((0.0015 - 0.00015 - 1.5 * 65536 / (busbw * 1e9)) / 6)
     net = node.measured_cluster(NODE, _doctor(2, 2))
     assert net.gpus_per_node == 4 and net.intra_busbw_gbs == 100.0 and not net.overlap
     assert net.inter_busbw_gbs == pytest.approx(16 * 2**20 / 0.010 / 1e9)

@@ -329,6 +329,8 @@ def test_the_prediction_measures_inside_an_allocation_through_srun(slurm_cluster
     assert {launcher for _, launcher in launched} == {"srun"}, done.stdout
     for name, ranks in (("one", 1), ("horovod-2", 2), ("ddp-2", 2)):
         result = json.loads((out / f"{name}.json").read_text())
-        assert result["world_size"] == ranks and result["environment"]["env"]["SLURM_JOB_ID"]
+        # A step of its own (salloc's shell has SLURM_NTASKS=2), with a rank's share of the cores.
+        assert result["world_size"] == ranks and result["environment"]["env"]["SLURM_NTASKS"] == str(ranks)
+        assert result["environment"]["env"]["SLURM_CPUS_PER_TASK"] == "1"
     assert [r["backend"] for r in json.loads((tmp_path / "p.json").read_text())["measured_here"]["check"]] == \
         ["horovod", "ddp"]

@@ -416,8 +416,12 @@ def _write_json(path: str, reports: list[dict], problems: list[str]) -> None:
         seconds = max(r["bandwidth"][i][1] for r in reports)  # an allreduce ends when its slowest rank's does
         figures.append({"bytes": nbytes, "seconds": seconds, "through": "horovod",
                         **dict(zip(("algbw_gbs", "busbw_gbs"), bus_bandwidth(nbytes, seconds, size)))})
+    try:  # the cycle Horovod waited for in these figures (its default: 1 ms)
+        cycle_ms = float(os.environ.get("HOROVOD_CYCLE_TIME", "1"))
+    except ValueError:
+        cycle_ms = None
     with open(path, "w") as f:
-        json.dump({"ranks": size, "hosts": sorted({r["host"] for r in reports}),
+        json.dump({"ranks": size, "hosts": sorted({r["host"] for r in reports}), "horovod_cycle_time_ms": cycle_ms,
                    "devices": [r["device"] for r in reports], "ready": not problems, "problems": problems,
                    "allreduce": figures}, f, indent=2)
 

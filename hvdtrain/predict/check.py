@@ -38,11 +38,12 @@ def _exposed_s(result: dict) -> float | None:
 
 
 def check_rows(work: model.Workload, cluster: model.Cluster, results: list[tuple[str, dict]],
-               exchanges: dict[str, model.Exchange] = model.EXCHANGES) -> list[dict]:
+               exchanges: dict[str, model.Exchange] | None = None) -> list[dict]:
     """Predicted against measured for runs of several ranks (this node's, or a study's on the
     cluster), each (backend, result file), repeats as their median: img/s, the exchange left
     after the backward, and against the model's exchange alone the share the backward hid. The
-    ranks per node are the runs' own (their hosts)."""
+    ranks per node are the runs' own (their hosts), and so are Horovod's settings unless given
+    (a study's jobs each record theirs)."""
     groups: dict[tuple, list[dict]] = {}
     for backend, result in results:
         groups.setdefault((backend, result["world_size"]), []).append(result)
@@ -50,7 +51,10 @@ def check_rows(work: model.Workload, cluster: model.Cluster, results: list[tuple
     for (backend, n), runs in groups.items():
         nodes = len({r.get("host") for r in runs[0]["ranks"]}) or 1
         shaped = dataclasses.replace(cluster, gpus_per_node=-(-n // nodes))
-        exchange = exchanges[backend]
+        try:
+            exchange = (exchanges or model.exchanges_in((runs[0].get("environment") or {}).get("env") or {}))[backend]
+        except ValueError as err:
+            raise UsageError(f"a {backend} run of {n} ranks: {err}") from None
         predicted = model.step(work, n, shaped, exchange)
         alone = model.exposed_exchange_s(work, n, dataclasses.replace(shaped, overlap=False), exchange)
         exposed = [e for e in map(_exposed_s, runs) if e is not None]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from hvdtrain.errors import UsageError, report_and_exit
@@ -125,24 +126,20 @@ def measured_input(saved: dict, work: model.Workload, cluster: model.Cluster) ->
     return work, cluster
 
 
-def exchanges_of(result: dict, path: str) -> dict[str, model.Exchange]:
-    """The backends' exchanges as the measured run had them: Horovod's fusion threshold and cycle
-    time from its environment (HOROVOD_FUSION_THRESHOLD bytes, HOROVOD_CYCLE_TIME ms, which the
-    study's jobs inherit), else Horovod's defaults; DDP's 25 MiB buckets (the trainer's)."""
-    env = (result.get("environment") or {}).get("env") or {}
+def exchanges_of(env: dict, where: str, backends: list[str]) -> dict[str, model.Exchange]:
+    """The backends' exchanges as `where` (a measured run, or this environment for --measure's
+    runs) has them (model.exchanges_in); Horovod's said when not its defaults."""
     try:
-        threshold = int(env.get("HOROVOD_FUSION_THRESHOLD", model.HOROVOD.bucket_bytes))
-        cycle_s = float(env.get("HOROVOD_CYCLE_TIME", model.HOROVOD.cycle_s * 1e3)) / 1e3
+        exchanges = model.exchanges_in(env)
     except ValueError as err:
-        raise UsageError(f"--from-result {path}: its Horovod settings do not read as numbers ({err})") from None
-    if threshold <= 0 or cycle_s <= 0:
-        raise UsageError(f"--from-result {path}: the run had HOROVOD_FUSION_THRESHOLD={threshold} and "
-                         f"HOROVOD_CYCLE_TIME={cycle_s * 1e3:g} ms; the model fuses into buffers each cycle and "
-                         "knows no tensor sizes for an exchange without fusion")
-    horovod = model.Exchange("horovod", threshold, cycle_s)
-    if horovod != model.HOROVOD:
-        print(f"(Horovod as the run had it: fusion threshold {threshold / 2**20:g} MiB, cycle {cycle_s * 1e3:g} ms)")
-    return {"horovod": horovod, "ddp": model.DDP}
+        if "horovod" not in backends:
+            return {**model.EXCHANGES}
+        raise UsageError(f"{where}: {err}") from None
+    horovod = exchanges["horovod"]
+    if "horovod" in backends and horovod != model.HOROVOD:
+        print(f"(Horovod as {where} has it: fusion threshold {horovod.bucket_bytes / 2**20:g} MiB, "
+              f"cycle {horovod.cycle_s * 1e3:g} ms)")
+    return exchanges
 
 
 def predict(work: model.Workload, cluster: model.Cluster, gpus: list[int], backends: list[str], samples: int,
@@ -222,14 +219,11 @@ def measure_here(args) -> dict:
 
     from hvdtrain.predict import node
 
-    ranks = args.ranks
-    if ranks is None:
-        import torch
-
-        ranks = max(2, torch.cuda.device_count())
+    launcher = node.launcher_here()
+    ranks = args.ranks if args.ranks is not None else max(2, node.gpus_here(launcher))
     if ranks < 2:
         raise UsageError("--ranks: 2 or more (the exchange is what the runs of several ranks measure)")
-    runs = node.measure(shlex.split(args.measure), ranks, args.steps, args.out, node.launcher_here())
+    runs = node.measure(shlex.split(args.measure), ranks, args.steps, args.out, launcher)
     doctor = node.load_json(runs["doctor"])
     if doctor["problems"]:
         print(f"(this node's doctor found {'; '.join(doctor['problems'])})")
@@ -328,11 +322,15 @@ def main(argv=None) -> None:
         cluster = profiles.load(args.cluster)
         for path in args.doctor:
             cluster = doctor_figures(cluster, path, f"--doctor {path}")
+        if args.measure:  # its runs inherit this environment: said or refused now, not after them
+            exchanges = exchanges_of(dict(os.environ), "this environment", args.backends)
         measured = measure_here(args) if args.measure else None
         from_result = measured["runs"]["one"] if measured else args.from_result
         result = load_result(from_result)
         work = workload_from_result(result, from_result, args.parameters, args.input_ms, args.sample_kb)
-        exchanges = exchanges_of(result, from_result)
+        if not args.measure:
+            exchanges = exchanges_of((result.get("environment") or {}).get("env") or {},
+                                     f"the run of --from-result {from_result}", args.backends)
         if measured:
             if measured["node"].overlap:  # GPU ranks: their figures are the cluster's node's
                 cluster = doctor_figures(cluster, measured["runs"]["doctor"], "this node's doctor")
@@ -354,7 +352,7 @@ def main(argv=None) -> None:
                                            "check": measured["check"]}
         print(table(prediction))
         if args.check:
-            rows = check.check_rows(work, cluster, check.study_results(args.check, work.batch), exchanges)
+            rows = check.check_rows(work, cluster, check.study_results(args.check, work.batch))
             print(check.check_table(rows, f"the prediction against the study in {args.check}:") if rows else
                   f"(--check {args.check}: no finished Horovod (torch) or DDP job of 2 or more ranks there yet)")
             prediction["study_check"] = rows

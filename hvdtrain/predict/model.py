@@ -11,9 +11,9 @@ Weak scaling (the batch per GPU fixed, as hvdtrain's --batch-size is): a step at
   appear through the backward, the last layers' first) and the channel is free: a ring
   allreduce of S bytes over n GPUs takes 2(n-1)/n x S / busbw + its latency (nccl-tests'
   bus-bandwidth definition; intra-node bandwidth within a node, the network's across nodes);
-  Horovod adds half a cycle (its coordination round) per buffer (it fuses what is ready each
-  cycle, up to its threshold: the model takes threshold-sized buffers, so it may under-state
-  Horovod's overlap for a long backward). What ends after the backward is exposed; the step is
+  Horovod sends, each cycle, all that is ready in fused buffers of up to its threshold, one
+  after the other (its tensor fusion), so a buffer may wait up to a cycle (its coordination
+  round) before it goes. What ends after the backward is exposed; the step is
   called exchange-bound when that is over a fifth of it.
 - input: a GPU's decode workers at their measured rate each; file system: the node's share of
   the read rate and the file system's aggregate, at the bytes a sample takes.
@@ -65,6 +65,23 @@ DDP = Exchange("ddp", 25 * 2**20, 0.0)
 EXCHANGES = {"horovod": HOROVOD, "ddp": DDP}
 
 
+def exchanges_in(env: dict) -> dict[str, Exchange]:
+    """The exchanges as an environment has them: Horovod's fusion threshold (bytes) and cycle time
+    (ms) from HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME, else its defaults; DDP's buckets.
+    A value that is not a finite number above 0 is a ValueError (fusion off, threshold 0, needs
+    the tensors' sizes, which the model does not have)."""
+    try:
+        threshold = float(env.get("HOROVOD_FUSION_THRESHOLD", HOROVOD.bucket_bytes))
+        cycle_ms = float(env.get("HOROVOD_CYCLE_TIME", HOROVOD.cycle_s * 1e3))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Horovod's settings do not read as numbers ({err})") from None
+    if not (math.isfinite(threshold) and threshold >= 1 and math.isfinite(cycle_ms) and cycle_ms > 0):
+        raise ValueError(f"HOROVOD_FUSION_THRESHOLD={threshold:g} and HOROVOD_CYCLE_TIME={cycle_ms:g} ms: the model "
+                         "fuses into buffers of at least a byte every cycle, and knows no tensor sizes for an "
+                         "exchange without fusion")
+    return {"horovod": Exchange("horovod", int(threshold), cycle_ms / 1e3), "ddp": DDP}
+
+
 @dataclass(frozen=True)
 class Workload:
     """One GPU's measured step and what the data costs."""
@@ -107,13 +124,17 @@ def exposed_exchange_s(work: Workload, gpus: int, cluster: Cluster, exchange: Ex
             t = max(t, begin + backward * (sent + size) / work.gradient_bytes) + ring_allreduce_s(size, gpus, cluster)
             sent += size
         return max(0.0, t - work.compute_s)
-    while sent < work.gradient_bytes - 1:  # Horovod: a cycle's fused allreduce of what is ready, on a free channel
+    # Horovod: each cycle, what is ready and not yet sent goes out in fused buffers of up to the
+    # threshold, one after the other until none is left ("until there are no more tensors to
+    # reduce in this cycle", Horovod's tensor-fusion docs), on a free channel.
+    while sent < work.gradient_bytes - 1:
         t = exchange.cycle_s * (math.floor(t / exchange.cycle_s) + 1)  # the next cycle
-        size = min(exchange.bucket_bytes, ready(t) - sent)
-        if size <= 0:
+        ready_now = ready(t) - sent
+        if ready_now <= 0:
             continue
-        t += ring_allreduce_s(size, gpus, cluster)
-        sent += size
+        full, rest = divmod(ready_now, exchange.bucket_bytes)
+        t += full * ring_allreduce_s(exchange.bucket_bytes, gpus, cluster) + ring_allreduce_s(rest, gpus, cluster)
+        sent += ready_now
     return max(0.0, t - work.compute_s)
 
 

@@ -33,6 +33,16 @@ def launcher_here() -> str:
     return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpirun"
 
 
+def gpus_here(launcher: str) -> int:
+    """The node's GPUs: the allocated node's in an allocation (SLURM_GPUS_ON_NODE; salloc's shell
+    may be on a login node without any), else those this process sees."""
+    if launcher == "srun" and os.environ.get("SLURM_GPUS_ON_NODE", "").isdigit():
+        return int(os.environ["SLURM_GPUS_ON_NODE"])
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def refuse_under_launcher() -> None:
     """--measure starts its own runs of 1 and N ranks: started by a launcher itself (even as one
     rank), it would nest launchers. A Slurm batch step is no launcher's rank."""
@@ -65,17 +75,21 @@ def measure(train_args: list[str], ranks: int, steps: int, out: str, launcher: s
     """Runs 1-3 above into `out`; their result files' paths."""
     refuse_under_launcher()
     os.makedirs(out, exist_ok=True)
+    # One rank's cores as a rank of N has them (on GPUs the GPU computes either way; on CPUs the N
+    # ranks share the node's cores, and the one-rank run must not have them all): the allocated
+    # node's in an allocation (salloc's shell may be on a login node), else this one's.
+    cores = (int(os.environ.get("SLURM_CPUS_ON_NODE", "0") or 0) if launcher == "srun" else 0) \
+        or len(os.sched_getaffinity(0))
+    per_rank = max(1, cores // ranks)
     if "--threads-per-rank" not in train_args:
-        # One rank's compute as a rank of N has it: on GPUs the GPU computes either way; on CPUs
-        # the N ranks share the node's cores, and the one-rank run must not have them all.
-        cores = len(os.sched_getaffinity(0))
-        train_args = [*train_args, "--threads-per-rank", str(max(1, cores // ranks))]
+        train_args = [*train_args, "--threads-per-rank", str(per_rank)]
     trainer = [sys.executable, "-m", "hvdtrain.torch", *train_args, "--steps", str(steps)]
     files = {"one": os.path.join(out, "one.json"), "doctor": os.path.join(out, f"doctor-{ranks}.json"),
              "horovod": os.path.join(out, f"horovod-{ranks}.json"), "ddp": os.path.join(out, f"ddp-{ranks}.json")}
 
     def ranks_of(name: str, n: int = ranks) -> list[str]:  # on one node (srun: -N1), named for a cancel
-        return launch_command(launcher, n, tasks_per_node=n, job_name=f"hvdtrain-predict-{os.getpid()}-{name}")
+        return (launch_command(launcher, n, tasks_per_node=n, job_name=f"hvdtrain-predict-{os.getpid()}-{name}")
+                + ([f"--cpus-per-task={per_rank}"] if launcher == "srun" else []))
 
     # In an allocation the one rank runs through srun too: under salloc this shell may be on the
     # login node, without the compute node's GPU.
@@ -106,7 +120,8 @@ def measured_cluster(profile: model.Cluster, doctor: dict) -> model.Cluster:
                          "are needed to measure an exchange")
     busbw = large["busbw_gbs"]
     wire = 2 * (n - 1) / n * small["bytes"] / (busbw * 1e9)
-    left = small["seconds"] - model.HOROVOD.cycle_s / 2 - wire
+    cycle_s = (doctor.get("horovod_cycle_time_ms") or model.HOROVOD.cycle_s * 1e3) / 1e3  # the one it ran with
+    left = small["seconds"] - cycle_s / 2 - wire
     if hosts == 1:
         latency = max(0.0, left / (2 * (n - 1)))
     else:  # the ring's steps within a node at the profile's latency, the rest across nodes
