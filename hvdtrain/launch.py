@@ -114,7 +114,6 @@ def cancel_slurm_step(name: str) -> None:
         pass  # Slurm's own clean-up ends a step whose srun is gone, at the latest with the job
 
 
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m hvdtrain.launch", description="print a launcher prefix")
     p.add_argument("launcher", choices=LAUNCHERS)

@@ -132,6 +132,9 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
         assert "knows no tensor sizes for an exchange without fusion" in refused(
             {"environment": {"env": {"HOROVOD_FUSION_THRESHOLD": bad}}}, "--parameters", "10")
     assert "do not read as numbers" in refused({"environment": {"env": {"HOROVOD_CYCLE_TIME": "1ms"}}}, "--parameters", "10")
+    (tmp_path / "doctor.json").write_text("not json")
+    assert "--doctor {0}: {0} is not a file of python -m hvdtrain.doctor --json".format(tmp_path / "doctor.json") in \
+        refused({"gradient_bytes": 10}, "--doctor", str(tmp_path / "doctor.json"))
     # DDP alone does not care how Horovod would fuse.
     (tmp_path / "nofusion.json").write_text(json.dumps({**result, "environment": {"env": {"HOROVOD_FUSION_THRESHOLD": "0"}}}))
     assert subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
@@ -174,6 +177,7 @@ def _doctor(ranks: int, hosts: int, devices: str = "cpu") -> dict:
     """A doctor's --json: 64 KiB in 1.5 ms, 16 MiB in 10 ms."""
     small, large = 65536, 16 * 2**20
     return {"ranks": ranks, "hosts": [f"n{i}" for i in range(hosts)], "devices": [devices] * ranks, "problems": [],
+            "env": {},
             "allreduce": [{"bytes": b, "seconds": t, "busbw_gbs": b / t / 1e9 * 2 * (ranks - 1) / ranks}
                           for b, t in ((large, 0.010), (small, 0.0015))]}
 
@@ -190,7 +194,7 @@ def test_the_doctors_figures_replace_a_profiles_estimates():
     assert here.intra_latency_s == pytest.approx((0.0015 - 0.0005 - 1.5 * 65536 / (busbw * 1e9)) / 6)
     assert not node.measured_cluster(NODE, _doctor(4, 1)).overlap  # CPU ranks
     # The doctor ran with a 0.3 ms cycle: a half of that, not of the default 1 ms, is its wait.
-    short = node.measured_cluster(NODE, {**_doctor(4, 1), "horovod_cycle_time_ms": 0.3})
+    short = node.measured_cluster(NODE, {**_doctor(4, 1), "env": {"HOROVOD_CYCLE_TIME": "0.3"}})
     assert short.intra_latency_s == pytest.approx((0.0015 - 0.00015 - 1.5 * 65536 / (busbw * 1e9)) / 6)
     net = node.measured_cluster(NODE, _doctor(2, 2))
     assert net.gpus_per_node == 4 and net.intra_busbw_gbs == 100.0 and not net.overlap

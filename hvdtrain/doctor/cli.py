@@ -388,11 +388,11 @@ def _print_report(reports, versions, built, controller, ops, errors, mpi_lib, ap
     ok = sum(r["reduce_ok"] and r["bcast_ok"] for r in reports)
     out("check", f"allreduce (sum, average) and broadcast correct on {ok}/{size} rank(s)")
     _print_health(out, reports, slow_fraction)
-    for i, (nbytes, _) in enumerate(reports[0]["bandwidth"]):
-        seconds = max(r["bandwidth"][i][1] for r in reports)  # the slowest rank sets the pace
+    mpi = _slowest(reports, "mpi_bandwidth") if reports[0]["mpi_bandwidth"] else []
+    for i, (nbytes, seconds) in enumerate(_slowest(reports, "bandwidth")):
         out("bandwidth" if i == 0 else "", _allreduce_line(nbytes, "Horovod", seconds, size))
-        if reports[0]["mpi_bandwidth"]:
-            mpi_seconds = max(r["mpi_bandwidth"][i][1] for r in reports)
+        if mpi:
+            mpi_seconds = mpi[i][1]
             out("", _allreduce_line(nbytes, "MPI (mpi4py)", mpi_seconds, size)
                 + f"; Horovod - MPI: {(seconds - mpi_seconds) * 1e3:+.3f} ms per allreduce")
     if reports[0]["mpi_skipped"]:
@@ -411,19 +411,20 @@ def _write_json(path: str, reports: list[dict], problems: list[str]) -> None:
     import json
 
     size = reports[0]["size"]
-    figures = []
-    for i, (nbytes, _) in enumerate(reports[0]["bandwidth"]):
-        seconds = max(r["bandwidth"][i][1] for r in reports)  # an allreduce ends when its slowest rank's does
-        figures.append({"bytes": nbytes, "seconds": seconds, "through": "horovod",
-                        **dict(zip(("algbw_gbs", "busbw_gbs"), bus_bandwidth(nbytes, seconds, size)))})
-    try:  # the cycle Horovod waited for in these figures (its default: 1 ms)
-        cycle_ms = float(os.environ.get("HOROVOD_CYCLE_TIME", "1"))
-    except ValueError:
-        cycle_ms = None
+    figures = [{"bytes": nbytes, "seconds": seconds, "through": "horovod",
+                **dict(zip(("algbw_gbs", "busbw_gbs"), bus_bandwidth(nbytes, seconds, size)))}
+               for nbytes, seconds in _slowest(reports, "bandwidth")]
     with open(path, "w") as f:
-        json.dump({"ranks": size, "hosts": sorted({r["host"] for r in reports}), "horovod_cycle_time_ms": cycle_ms,
+        # env: the Horovod, MPI and NCCL settings the figures were measured under (the cycle among them).
+        json.dump({"ranks": size, "hosts": sorted({r["host"] for r in reports}), "env": reports[0]["env"],
                    "devices": [r["device"] for r in reports], "ready": not problems, "problems": problems,
                    "allreduce": figures}, f, indent=2)
+
+
+def _slowest(reports: list[dict], key: str) -> list[tuple[int, float]]:
+    """(bytes, seconds) of each allreduce timed under `key`, as its slowest rank took it: an
+    allreduce ends when the last rank's does."""
+    return [(nbytes, max(r[key][i][1] for r in reports)) for i, (nbytes, _) in enumerate(reports[0][key])]
 
 
 def _allreduce_line(nbytes: int, through: str, seconds: float, size: int) -> str:

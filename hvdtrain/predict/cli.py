@@ -212,9 +212,9 @@ def plot(prediction: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def measure_here(args) -> dict:
-    """--measure's runs on this node (hvdtrain/predict/node.py): their files, the node as a
-    cluster of its ranks, and the N-rank results by backend."""
+def measure_here(args, cluster: model.Cluster) -> dict:
+    """--measure's runs on this node (hvdtrain/predict/node.py): their files, the doctor's
+    findings, the node as a cluster of its ranks, and the N-rank results by backend."""
     import shlex
 
     from hvdtrain.predict import node
@@ -224,30 +224,39 @@ def measure_here(args) -> dict:
     if ranks < 2:
         raise UsageError("--ranks: 2 or more (the exchange is what the runs of several ranks measure)")
     runs = node.measure(shlex.split(args.measure), ranks, args.steps, args.out, launcher)
-    doctor = node.load_json(runs["doctor"])
-    if doctor["problems"]:
-        print(f"(this node's doctor found {'; '.join(doctor['problems'])})")
-    here = node.measured_cluster(profiles.load(args.cluster), doctor)
-    return {"runs": runs, "node": here,
+    doctor = read_doctor(runs["doctor"], "this node's doctor")
+    return {"runs": runs, "doctor": doctor, "node": node.measured_cluster(cluster, doctor),
             "results": [(backend, node.load_json(runs[backend])) for backend in ("horovod", "ddp")]}
 
 
-def doctor_figures(cluster: model.Cluster, path: str, what: str) -> model.Cluster:
-    """The profile with a doctor's measured figures (--doctor, or --measure's), said in one line."""
+def read_doctor(path: str, what: str) -> dict:
+    """A doctor's --json, its problems said; one line where it is none."""
     from hvdtrain.predict import node
 
     try:
         doctor = node.load_json(path)
-        hosts = len(doctor["hosts"])
-        measured = node.measured_cluster(cluster, doctor)
+        problems = doctor["problems"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"--doctor {path}: not a file of python -m hvdtrain.doctor --json "
+        raise UsageError(f"{what}: {path} is not a file of python -m hvdtrain.doctor --json "
                          f"({type(err).__name__}: {err})") from None
-    if doctor.get("problems") and what.startswith("--doctor"):  # --measure's said them already
-        print(f"({what}: the doctor found {'; '.join(doctor['problems'])})")
+    if problems:
+        print(f"({what} found {'; '.join(problems)})")
+    return doctor
+
+
+def doctor_figures(cluster: model.Cluster, doctor: dict, what: str) -> model.Cluster:
+    """The profile with a doctor's measured figures (--doctor, or --measure's), said in one line."""
+    from hvdtrain.predict import node
+
+    try:
+        measured = node.measured_cluster(cluster, doctor)
+    except (ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"{what}: not the figures of python -m hvdtrain.doctor --json "
+                         f"({type(err).__name__}: {err})") from None
     if cluster.overlap and not measured.overlap:
         print(f"({what}: measured on CPU ranks, so the prediction lets nothing overlap; for a GPU cluster run the "
               "doctor on its GPU nodes)")
+    hosts = len(doctor["hosts"])
     if hosts == 1:  # within a node: the figures only, the profile's node kept
         print(f"({what}: within a node {measured.intra_busbw_gbs:.2f} GB/s busbw, "
               f"{measured.intra_latency_s * 1e6:.0f} us a ring step, measured)")
@@ -321,19 +330,20 @@ def main(argv=None) -> None:
             raise UsageError("--gpus: counts of at least 1")
         cluster = profiles.load(args.cluster)
         for path in args.doctor:
-            cluster = doctor_figures(cluster, path, f"--doctor {path}")
+            cluster = doctor_figures(cluster, read_doctor(path, f"--doctor {path}"), f"--doctor {path}")
+        measured = None
         if args.measure:  # its runs inherit this environment: said or refused now, not after them
             exchanges = exchanges_of(dict(os.environ), "this environment", args.backends)
-        measured = measure_here(args) if args.measure else None
+            measured = measure_here(args, cluster)
         from_result = measured["runs"]["one"] if measured else args.from_result
         result = load_result(from_result)
         work = workload_from_result(result, from_result, args.parameters, args.input_ms, args.sample_kb)
-        if not args.measure:
+        if not measured:
             exchanges = exchanges_of((result.get("environment") or {}).get("env") or {},
                                      f"the run of --from-result {from_result}", args.backends)
         if measured:
             if measured["node"].overlap:  # GPU ranks: their figures are the cluster's node's
-                cluster = doctor_figures(cluster, measured["runs"]["doctor"], "this node's doctor")
+                cluster = doctor_figures(cluster, measured["doctor"], "this node's doctor")
             else:
                 print(f"(measured on CPU ranks: {cluster.name}'s own figures within a node are kept; this node's "
                       f"{measured['node'].intra_busbw_gbs:.2f} GB/s serves the check here only)")

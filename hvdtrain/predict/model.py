@@ -52,8 +52,8 @@ class Cluster:
 @dataclass(frozen=True)
 class Exchange:
     """How a backend exchanges gradients. DDP: fixed buckets, each allreduced once its gradients
-    are all there. Horovod (`cycle_s`): every cycle its background thread fuses what is ready and
-    not yet sent, up to the threshold, into one allreduce; the next waits for the channel."""
+    are all there. Horovod (`cycle_s`): every cycle its background thread fuses all that is ready
+    and not yet sent into allreduces of up to the threshold, one after the other on the channel."""
     name: str
     bucket_bytes: int           # Horovod: the fusion threshold; DDP: bucket_cap_mb (25 MiB)
     cycle_s: float = 0.0        # Horovod's cycle (0: fixed buckets)
@@ -70,16 +70,29 @@ def exchanges_in(env: dict) -> dict[str, Exchange]:
     (ms) from HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME, else its defaults; DDP's buckets.
     A value that is not a finite number above 0 is a ValueError (fusion off, threshold 0, needs
     the tensors' sizes, which the model does not have)."""
+    threshold = _setting(env, "HOROVOD_FUSION_THRESHOLD", HOROVOD.bucket_bytes)
+    cycle_s = horovod_cycle_s(env)
+    if not (math.isfinite(threshold) and threshold >= 1):
+        raise ValueError(f"HOROVOD_FUSION_THRESHOLD={threshold:g} and HOROVOD_CYCLE_TIME={cycle_s * 1e3:g} ms: the "
+                         "model fuses into buffers of at least a byte every cycle, and knows no tensor sizes for an "
+                         "exchange without fusion")
+    return {"horovod": Exchange("horovod", int(threshold), cycle_s), "ddp": DDP}
+
+
+def horovod_cycle_s(env: dict) -> float:
+    """Horovod's cycle in seconds as an environment has it (HOROVOD_CYCLE_TIME, ms; else 1 ms);
+    a value that is not a finite number above 0 is a ValueError."""
+    cycle_ms = _setting(env, "HOROVOD_CYCLE_TIME", HOROVOD.cycle_s * 1e3)
+    if not (math.isfinite(cycle_ms) and cycle_ms > 0):
+        raise ValueError(f"HOROVOD_CYCLE_TIME={cycle_ms:g} ms: the model needs Horovod's cycle, a time above 0")
+    return cycle_ms / 1e3
+
+
+def _setting(env: dict, name: str, default: float) -> float:
     try:
-        threshold = float(env.get("HOROVOD_FUSION_THRESHOLD", HOROVOD.bucket_bytes))
-        cycle_ms = float(env.get("HOROVOD_CYCLE_TIME", HOROVOD.cycle_s * 1e3))
+        return float(env.get(name, default))
     except (TypeError, ValueError) as err:
         raise ValueError(f"Horovod's settings do not read as numbers ({err})") from None
-    if not (math.isfinite(threshold) and threshold >= 1 and math.isfinite(cycle_ms) and cycle_ms > 0):
-        raise ValueError(f"HOROVOD_FUSION_THRESHOLD={threshold:g} and HOROVOD_CYCLE_TIME={cycle_ms:g} ms: the model "
-                         "fuses into buffers of at least a byte every cycle, and knows no tensor sizes for an "
-                         "exchange without fusion")
-    return {"horovod": Exchange("horovod", int(threshold), cycle_ms / 1e3), "ddp": DDP}
 
 
 @dataclass(frozen=True)

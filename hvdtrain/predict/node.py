@@ -93,9 +93,9 @@ def measure(train_args: list[str], ranks: int, steps: int, out: str, launcher: s
 
     # In an allocation the one rank runs through srun too: under salloc this shell may be on the
     # login node, without the compute node's GPU.
-    alone = launcher if launcher == "srun" else "single"
-    _run("one rank's step", [*(ranks_of("one", 1) if alone == "srun" else []), *trainer, "--result-json",
-                             files["one"]], files["one"], os.path.join(out, "one.log"), alone)
+    one = ranks_of("one", 1) if launcher == "srun" else []
+    _run("one rank's step", [*one, *trainer, "--result-json", files["one"]], files["one"],
+         os.path.join(out, "one.log"), launcher if one else "single")
     _run(f"the node's allreduce ({ranks} ranks)",
          [*ranks_of("doctor"), sys.executable, "-m", "hvdtrain.doctor", "--framework", "torch", "--json",
           files["doctor"]], files["doctor"], os.path.join(out, "doctor.log"), launcher, complains=True)
@@ -120,8 +120,7 @@ def measured_cluster(profile: model.Cluster, doctor: dict) -> model.Cluster:
                          "are needed to measure an exchange")
     busbw = large["busbw_gbs"]
     wire = 2 * (n - 1) / n * small["bytes"] / (busbw * 1e9)
-    cycle_s = (doctor.get("horovod_cycle_time_ms") or model.HOROVOD.cycle_s * 1e3) / 1e3  # the one it ran with
-    left = small["seconds"] - cycle_s / 2 - wire
+    left = small["seconds"] - model.horovod_cycle_s(doctor["env"]) / 2 - wire  # the cycle it ran with
     if hosts == 1:
         latency = max(0.0, left / (2 * (n - 1)))
     else:  # the ring's steps within a node at the profile's latency, the rest across nodes
