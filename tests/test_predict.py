@@ -132,6 +132,15 @@ def test_the_command_predicts_from_a_trainers_result_file(tmp_path):
         assert "knows no tensor sizes for an exchange without fusion" in refused(
             {"environment": {"env": {"HOROVOD_FUSION_THRESHOLD": bad}}}, "--parameters", "10")
     assert "do not read as numbers" in refused({"environment": {"env": {"HOROVOD_CYCLE_TIME": "1ms"}}}, "--parameters", "10")
+    # A doctor's figures from one GPU node replace the profile's within a node, overlap kept.
+    (tmp_path / "gpu-doctor.json").write_text(json.dumps(_doctor(4, 1, "GPU 0")))
+    run = subprocess.run([PYTHON, "-m", "hvdtrain.predict", "--cluster", "juwels-booster", "--from-result",
+                          str(tmp_path / "one.json"), "--parameters", "11689512", "--gpus", "4", "--doctor",
+                          str(tmp_path / "gpu-doctor.json"), "--json", str(tmp_path / "g.json")],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert "within a node 2.52 GB/s busbw" in run.stdout and "lets nothing overlap" not in run.stdout, run.stdout
+    [gpu_row] = [r for r in json.loads((tmp_path / "g.json").read_text())["rows"] if r["backend"] == "horovod"]
+    assert gpu_row["images_per_s"] < rows[0]["images_per_s"]  # 2.5 GB/s within a node, not the profile's 200
     (tmp_path / "doctor.json").write_text("not json")
     assert "--doctor {0}: {0} is not a file of python -m hvdtrain.doctor --json".format(tmp_path / "doctor.json") in \
         refused({"gradient_bytes": 10}, "--doctor", str(tmp_path / "doctor.json"))
